@@ -1,0 +1,68 @@
+// Parameters of one MLA decode call (absorbed form, paged latent KV cache, optional LSE).
+#pragma once
+
+#include <cstdint>
+
+#include "mladcp/config.h"
+#include "mladcp/dtype.h"
+#include "mladcp/sharding.h"
+
+namespace mladcp {
+
+// All strides are in elements of the tensor's own dtype. Memory lives where the backend runs
+// (host for "cpu*", device for "cuda"). T = num_seqs · q_len; token index t_global = seq · q_len + t.
+struct MlaDecodeParams {
+  int num_seqs = 0;   // B ≥ 0
+  int q_len = 1;      // tokens per sequence, 1..kMaxQLen (speculative decoding when > 1)
+  int num_heads = 0;  // H, query heads seen by the kernel (H_local · W after the DCP gather)
+
+  const void* q = nullptr;  // [T, H, 576]  [q_nope·W_UK (512) | q_pe (64)]
+  DType q_dtype = DType::kBF16;
+  int64_t q_stride_token = 0;  // default (0): H · 576
+  int64_t q_stride_head = 0;   // default (0): 576
+
+  const void* kv_cache = nullptr;  // [num_blocks, block_size, 576]  [kv_c (512) | k_pe (64)]
+  DType kv_dtype = DType::kBF16;   // bf16 or fp8_e4m3
+  float kv_scale = 1.0f;           // per-tensor dequantization scale (fp8); value = stored · kv_scale
+  int num_blocks = 0;
+  int block_size = 0;
+  int64_t kv_stride_block = 0;  // default (0): block_size · 576
+  int64_t kv_stride_token = 0;  // default (0): 576
+
+  const int32_t* block_table = nullptr;  // [B, max_blocks_per_seq], physical block ids
+  int max_blocks_per_seq = 0;
+  int64_t block_table_stride = 0;  // default (0): max_blocks_per_seq
+
+  // [B] GLOBAL sequence lengths (including the q_len new tokens). Under DCP each rank receives the
+  // same global lengths and derives its local lengths and the causal rule from `shard`.
+  const int32_t* seq_lens = nullptr;
+  // Upper bound of seq_lens (global). Device backends size their grids from it without reading
+  // seq_lens on the host; 0 lets a host backend compute it.
+  int max_seq_len = 0;
+
+  float softmax_scale = 0.0f;  // s_j = softmax_scale · <q, c_j> (e.g. 1/sqrt(192) · mscale²)
+
+  void* out = nullptr;  // [T, H, 512]
+  DType out_dtype = DType::kBF16;  // bf16 or fp32
+  int64_t out_stride_token = 0;    // default (0): H · 512
+  int64_t out_stride_head = 0;     // default (0): 512
+
+  float* lse = nullptr;  // [T, H] fp32, optional: nullptr asks for no LSE (and none is computed)
+  int64_t lse_stride_token = 0;  // default (0): H
+  LseBase lse_base = LseBase::kE;
+
+  DcpShard shard;  // which shard of the sequence this cache holds (world 1: all of it)
+
+  // Validate every block id a sequence can touch against [0, num_blocks) before running. Costs a
+  // pass over the block table (a host read for device backends is not done: they check in-kernel
+  // and clamp, see the backend's capabilities).
+  bool check_block_ids = true;
+};
+
+// The same params with every zero stride replaced by its contiguous default.
+MlaDecodeParams with_default_strides(const MlaDecodeParams& p);
+
+// Number of visible keys on this shard for query token t of sequence `seq` (host helper).
+int64_t visible_keys(const MlaDecodeParams& p, int seq, int t);
+
+}  // namespace mladcp

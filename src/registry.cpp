@@ -1,0 +1,88 @@
+// The backend registry: built-in backends first, then whatever callers register.
+#include <mutex>
+#include <utility>
+
+#include "core/validate.h"
+#include "cpu/cpu_backends.h"
+#include "mladcp/backend.h"
+#if MLADCP_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+namespace mladcp {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::vector<std::pair<std::string, BackendFactory>> entries;
+
+  Registry() {
+    entries.emplace_back("cpu-reference", make_cpu_reference_backend);
+    entries.emplace_back("cpu", make_cpu_backend);
+#if MLADCP_HAVE_CUDA
+    entries.emplace_back("cuda", make_cuda_backend);
+#endif
+  }
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+Status register_backend(const std::string& name, BackendFactory factory) {
+  if (name.empty()) return detail::invalid("name: empty backend name");
+  if (!factory) return detail::invalid("factory: null for backend '", name, "'");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (auto& [n, f] : r.entries)
+    if (n == name) return detail::invalid("name='", name, "': a backend of that name is already registered");
+  r.entries.emplace_back(name, std::move(factory));
+  return Status::Ok();
+}
+
+std::vector<std::string> backend_names() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> names;
+  for (auto& [n, f] : r.entries) names.push_back(n);
+  return names;
+}
+
+Status create_backend(const std::string& name, std::unique_ptr<Backend>* out) {
+  if (!out) return detail::invalid("out: null");
+  Registry& r = registry();
+  BackendFactory factory;
+  std::string known;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (auto& [n, f] : r.entries) {
+      known += (known.empty() ? "" : ", ") + n;
+      if (n == name) factory = f;
+    }
+  }
+  if (!factory) return detail::invalid("backend='", name, "': unknown; registered: ", known);
+  *out = factory();
+  if (!*out) return Status(StatusCode::kUnavailable, detail::cat("backend '", name, "' could not be created"));
+  return Status::Ok();
+}
+
+std::vector<BackendCapabilities> all_backend_capabilities() {
+  std::vector<BackendCapabilities> caps;
+  for (const std::string& n : backend_names()) {
+    std::unique_ptr<Backend> b;
+    if (create_backend(n, &b).ok()) caps.push_back(b->capabilities());
+  }
+  return caps;
+}
+
+std::string best_available_backend() {
+#if MLADCP_HAVE_CUDA
+  if (cuda_device_count() > 0) return "cuda";
+#endif
+  return "cpu";
+}
+
+}  // namespace mladcp
