@@ -19,6 +19,9 @@ endfunction()
 # CUDA
 set(_cuda_found OFF)
 if(NOT MLADCP_WITH_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_HOST_COMPILER)
+    set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
+  endif()
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
@@ -27,7 +30,7 @@ if(NOT MLADCP_WITH_CUDA STREQUAL "OFF")
 endif()
 _mladcp_resolve_switch(MLADCP_WITH_CUDA _cuda_found)
 if(MLADCP_HAVE_CUDA)
-  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 knows no CUDA20 flag for nvcc; CUDA sources are C++17
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   set(CMAKE_CUDA_ARCHITECTURES OFF)  # explicit -gencode flags per target instead
   enable_language(CUDA)

@@ -10,16 +10,24 @@
 namespace mladcp {
 
 // All strides are in elements of the tensor's own dtype. Memory lives where the backend runs
-// (host for "cpu*", device for "cuda"). T = num_seqs · q_len; token index t_global = seq · q_len + t.
+// (host for "cpu*", device for "cuda"). T = num_seqs · q_len; token index t = seq · q_len + i.
+//
+// Head groups: heads may be stored as G groups of Hg heads, head h = g · Hg + j living at
+// g · stride_group + t · stride_token + j · stride_head. This is the layout of a DCP all-gather
+// ([W, T, H/W, ...], one group per rank) and of an all-to-all send buffer, so the decode reads the
+// gathered query and writes the exchange buffer directly, without packing copies. With
+// head_group_size = 0 (default) there is one group and the group strides are unused.
 struct MlaDecodeParams {
   int num_seqs = 0;   // B ≥ 0
   int q_len = 1;      // tokens per sequence, 1..kMaxQLen (speculative decoding when > 1)
   int num_heads = 0;  // H, query heads seen by the kernel (H_local · W after the DCP gather)
+  int head_group_size = 0;  // Hg: 0 (one group) or a divisor of H
 
-  const void* q = nullptr;  // [T, H, 576]  [q_nope·W_UK (512) | q_pe (64)]
+  const void* q = nullptr;  // [T, H, 576] or [G, T, Hg, 576]; [q_nope·W_UK (512) | q_pe (64)]
   DType q_dtype = DType::kBF16;
-  int64_t q_stride_token = 0;  // default (0): H · 576
+  int64_t q_stride_token = 0;  // default (0): Hg · 576
   int64_t q_stride_head = 0;   // default (0): 576
+  int64_t q_stride_group = 0;  // default (0): T · q_stride_token
 
   const void* kv_cache = nullptr;  // [num_blocks, block_size, 576]  [kv_c (512) | k_pe (64)]
   DType kv_dtype = DType::kBF16;   // bf16 or fp8_e4m3
@@ -42,13 +50,15 @@ struct MlaDecodeParams {
 
   float softmax_scale = 0.0f;  // s_j = softmax_scale · <q, c_j> (e.g. 1/sqrt(192) · mscale²)
 
-  void* out = nullptr;  // [T, H, 512]
+  void* out = nullptr;  // [T, H, 512] or [G, T, Hg, 512]
   DType out_dtype = DType::kBF16;  // bf16 or fp32
-  int64_t out_stride_token = 0;    // default (0): H · 512
+  int64_t out_stride_token = 0;    // default (0): Hg · 512
   int64_t out_stride_head = 0;     // default (0): 512
+  int64_t out_stride_group = 0;    // default (0): T · out_stride_token
 
-  float* lse = nullptr;  // [T, H] fp32, optional: nullptr asks for no LSE (and none is computed)
-  int64_t lse_stride_token = 0;  // default (0): H
+  float* lse = nullptr;  // [T, H] or [G, T, Hg] fp32, optional: nullptr asks for no LSE (none is computed)
+  int64_t lse_stride_token = 0;  // default (0): Hg
+  int64_t lse_stride_group = 0;  // default (0): T · lse_stride_token
   LseBase lse_base = LseBase::kE;
 
   DcpShard shard;  // which shard of the sequence this cache holds (world 1: all of it)
@@ -59,8 +69,20 @@ struct MlaDecodeParams {
   bool check_block_ids = true;
 };
 
-// The same params with every zero stride replaced by its contiguous default.
+// The same params with every zero stride (and head_group_size) replaced by its contiguous default.
 MlaDecodeParams with_default_strides(const MlaDecodeParams& p);
+
+// Element offsets of head h of token t (after with_default_strides).
+inline int64_t q_offset(const MlaDecodeParams& p, int64_t t, int h) {
+  return (h / p.head_group_size) * p.q_stride_group + t * p.q_stride_token + (h % p.head_group_size) * p.q_stride_head;
+}
+inline int64_t out_offset(const MlaDecodeParams& p, int64_t t, int h) {
+  return (h / p.head_group_size) * p.out_stride_group + t * p.out_stride_token +
+         (h % p.head_group_size) * p.out_stride_head;
+}
+inline int64_t lse_offset(const MlaDecodeParams& p, int64_t t, int h) {
+  return (h / p.head_group_size) * p.lse_stride_group + t * p.lse_stride_token + (h % p.head_group_size);
+}
 
 // Number of visible keys on this shard for query token t of sequence `seq` (host helper).
 int64_t visible_keys(const MlaDecodeParams& p, int seq, int t);

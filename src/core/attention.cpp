@@ -35,6 +35,7 @@ Status MlaAttention::decode(MlaDecodeParams p, const ExecContext& ctx, float* ls
       return detail::invalid("lse_scratch: null, but this DCP instance needs the LSE ([T, H] fp32) and p.lse is null");
     p.lse = lse_scratch;
     p.lse_stride_token = 0;
+    p.lse_stride_group = 0;
     p.lse_base = lse_base();
   }
   return backend_->decode(p, ctx);

@@ -29,14 +29,19 @@ using detail::invalid;
 
 MlaDecodeParams with_default_strides(const MlaDecodeParams& in) {
   MlaDecodeParams p = in;
+  if (p.head_group_size <= 0) p.head_group_size = p.num_heads > 0 ? p.num_heads : 1;
+  const int64_t T = int64_t(p.num_seqs) * p.q_len, Hg = p.head_group_size;
   if (!p.q_stride_head) p.q_stride_head = kQkDim;
-  if (!p.q_stride_token) p.q_stride_token = int64_t(p.num_heads) * kQkDim;
+  if (!p.q_stride_token) p.q_stride_token = Hg * p.q_stride_head;
+  if (!p.q_stride_group) p.q_stride_group = T * p.q_stride_token;
   if (!p.kv_stride_token) p.kv_stride_token = kQkDim;
-  if (!p.kv_stride_block) p.kv_stride_block = int64_t(p.block_size) * kQkDim;
+  if (!p.kv_stride_block) p.kv_stride_block = int64_t(p.block_size) * p.kv_stride_token;
   if (!p.block_table_stride) p.block_table_stride = p.max_blocks_per_seq;
   if (!p.out_stride_head) p.out_stride_head = kLatentDim;
-  if (!p.out_stride_token) p.out_stride_token = int64_t(p.num_heads) * kLatentDim;
-  if (!p.lse_stride_token) p.lse_stride_token = p.num_heads;
+  if (!p.out_stride_token) p.out_stride_token = Hg * p.out_stride_head;
+  if (!p.out_stride_group) p.out_stride_group = T * p.out_stride_token;
+  if (!p.lse_stride_token) p.lse_stride_token = Hg;
+  if (!p.lse_stride_group) p.lse_stride_group = T * p.lse_stride_token;
   return p;
 }
 
@@ -52,6 +57,9 @@ Status validate_decode(const MlaDecodeParams& p, const BackendCapabilities& caps
   if (p.num_heads < caps.min_heads || p.num_heads > caps.max_heads)
     return invalid("num_heads=", p.num_heads, ": backend '", be, "' accepts ", caps.min_heads, "..",
                    caps.max_heads);
+  if (p.head_group_size < 0 || (p.head_group_size > 0 && p.num_heads % p.head_group_size != 0))
+    return invalid("head_group_size=", p.head_group_size, ": must be 0 (one group) or a divisor of num_heads=",
+                   p.num_heads);
   const DcpShard& s = p.shard;
   if (s.world < 1) return invalid("shard.world=", s.world, ": must be >= 1");
   if (s.rank < 0 || s.rank >= s.world)
@@ -98,9 +106,10 @@ Status validate_decode(const MlaDecodeParams& p, const BackendCapabilities& caps
   if (p.kv_dtype != DType::kFP8E4M3 && p.kv_scale != 1.0f)
     return invalid("kv_scale=", p.kv_scale, ": only fp8_e4m3 caches take a scale (use 1.0)");
   // Explicit strides must not make rows overlap.
+  const int64_t Hg = p.head_group_size ? p.head_group_size : p.num_heads;
   if (p.q_stride_head && p.q_stride_head < kQkDim) return invalid("q_stride_head=", p.q_stride_head, ": must be >= 576");
-  if (p.q_stride_token && p.q_stride_token < int64_t(p.num_heads) * (p.q_stride_head ? p.q_stride_head : kQkDim))
-    return invalid("q_stride_token=", p.q_stride_token, ": must be >= num_heads * q_stride_head");
+  if (p.q_stride_token && p.q_stride_token < Hg * (p.q_stride_head ? p.q_stride_head : kQkDim))
+    return invalid("q_stride_token=", p.q_stride_token, ": must be >= head_group_size * q_stride_head");
   if (p.kv_stride_token && p.kv_stride_token < kQkDim)
     return invalid("kv_stride_token=", p.kv_stride_token, ": must be >= 576");
   if (p.kv_stride_block &&
@@ -110,11 +119,10 @@ Status validate_decode(const MlaDecodeParams& p, const BackendCapabilities& caps
     return invalid("block_table_stride=", p.block_table_stride, ": must be >= max_blocks_per_seq");
   if (p.out_stride_head && p.out_stride_head < kLatentDim)
     return invalid("out_stride_head=", p.out_stride_head, ": must be >= 512");
-  if (p.out_stride_token &&
-      p.out_stride_token < int64_t(p.num_heads) * (p.out_stride_head ? p.out_stride_head : kLatentDim))
-    return invalid("out_stride_token=", p.out_stride_token, ": must be >= num_heads * out_stride_head");
-  if (p.lse_stride_token && p.lse_stride_token < p.num_heads)
-    return invalid("lse_stride_token=", p.lse_stride_token, ": must be >= num_heads");
+  if (p.out_stride_token && p.out_stride_token < Hg * (p.out_stride_head ? p.out_stride_head : kLatentDim))
+    return invalid("out_stride_token=", p.out_stride_token, ": must be >= head_group_size * out_stride_head");
+  if (p.lse_stride_token && p.lse_stride_token < Hg)
+    return invalid("lse_stride_token=", p.lse_stride_token, ": must be >= head_group_size");
   // The largest global length whose local shard fits in the block table.
   if (p.max_seq_len > 0) {
     const int64_t local = sharding::local_len(p.max_seq_len, s.world, 0, s.interleave);  // rank 0 holds the most
