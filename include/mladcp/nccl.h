@@ -1,0 +1,110 @@
+// The NCCL communicator: the Communicator interface over NCCL for device buffers on a CUDA stream.
+// Available when the library is built with NCCL (MLADCP_HAVE_NCCL); this header needs neither
+// nccl.h nor the CUDA headers (a stream is passed as void*, a communicator as ncclComm*).
+//
+// Three ways to get one:
+//   - create_nccl_communicator(): one rank of a new NCCL communicator; the caller's callback
+//     distributes the unique id from rank 0 to every rank (sockets, a key-value store, MPI, ...).
+//   - create_nccl_communicator_mpi(): the same, with the id broadcast over an MPI communicator.
+//   - adopt_nccl_communicator(): wraps an engine's existing ncclComm_t without owning it.
+// plus create_nccl_communicators_single_process() for tests and tools: one communicator per GPU of
+// this process (each must then be driven by its own thread, or all inside one ncclGroupStart/End).
+//
+// Communicators are created non-blocking (NCCL config blocking = 0) unless asked otherwise, so no
+// call blocks the host on a peer: wait(deadline) returns kTimeout once the deadline passes and the
+// communicator is aborted. Under CUDA-graph capture wait() only checks that the operations were
+// enqueued (no host sync), so the whole exchange can be captured and replayed.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mladcp/comm.h"
+#include "mladcp/status.h"
+
+struct ncclComm;  // NCCL's communicator (ncclComm_t is ncclComm*)
+
+namespace mladcp {
+
+// NCCL's unique id as raw bytes (NCCL_UNIQUE_ID_BYTES = 128).
+struct NcclUniqueId {
+  char bytes[128] = {};
+};
+
+// Distributes the unique id: called on every rank with `id` filled on rank 0 (by ncclGetUniqueId);
+// on return every rank's `id` must hold rank 0's bytes. A non-ok Status fails the creation.
+using NcclIdBroadcast = std::function<Status(int rank, NcclUniqueId* id)>;
+
+// What to do with an adopted communicator when an operation fails or times out.
+enum class NcclAdoptedFaultPolicy {
+  kRevoke,  // ncclCommRevoke (NCCL >= 2.28): in-flight operations stop; the engine still destroys it
+  kAbort,   // ncclCommAbort: stops everything and frees it; the engine must not use its handle again
+  kNone,    // only mark this wrapper unusable; the engine handles the communicator itself
+};
+
+struct NcclOptions {
+  // CUDA device of this rank; -1 uses the current device (create*) or the communicator's (adopt).
+  int device = -1;
+  // cudaStream_t the operations are issued on; nullptr creates (and owns) a non-blocking stream.
+  // The caller can change it later with NcclCommunicator::set_stream().
+  void* stream = nullptr;
+  // NCCL config blocking: false (default) creates a non-blocking communicator, the only kind whose
+  // calls can never block the host on a peer. Ignored when adopting.
+  bool blocking = false;
+  // Upper bound on communicator creation (every rank must join within it) and on waiting for an
+  // operation to be enqueued (a non-blocking call returning ncclInProgress).
+  std::chrono::milliseconds setup_timeout{60000};
+  // wait() outside graph capture: true (default) waits for the operations to complete on the device
+  // (an event on the stream, polled with the communicator's error state until the deadline);
+  // false only checks that they were enqueued, like under capture (no host sync per exchange).
+  bool wait_for_completion = true;
+  // Check with cudaPointerGetAttributes that every buffer is device memory of this device.
+  bool check_pointers = true;
+  // Sets NCCL_NVLS_ENABLE=0 in the environment before creating, unless the variable is already set.
+  bool nvls_off_if_unset = true;
+  // Name given to the communicator (NCCL config commName; shows in NCCL's logs).
+  std::string name = "mladcp";
+  NcclAdoptedFaultPolicy adopted_fault_policy = NcclAdoptedFaultPolicy::kRevoke;
+};
+
+// The Communicator for NCCL, with the stream and device it issues on.
+class NcclCommunicator : public Communicator {
+ public:
+  virtual int device() const = 0;
+  virtual void* stream() const = 0;  // cudaStream_t
+  // Issue later operations on `stream` (a cudaStream_t of this communicator's device; not nullptr).
+  virtual Status set_stream(void* stream) = 0;
+  // The NCCL communicator (nullptr once aborted); owned unless adopted.
+  virtual ncclComm* nccl_comm() const = 0;
+  virtual bool owns_comm() const = 0;
+};
+
+// One rank of a new communicator of `world` ranks. `broadcast` distributes the unique id.
+Status create_nccl_communicator(int rank, int world, const NcclIdBroadcast& broadcast, const NcclOptions& options,
+                                std::unique_ptr<NcclCommunicator>* out);
+
+// One rank of a new communicator over the ranks of an MPI communicator (rank and size from MPI):
+// rank 0 makes the id and broadcasts it with MPI_Bcast. `mpi_comm` points to an MPI_Comm (nullptr:
+// MPI_COMM_WORLD); MPI must be initialized. kUnsupported when the library was built without MPI.
+Status create_nccl_communicator_mpi(const void* mpi_comm, const NcclOptions& options,
+                                    std::unique_ptr<NcclCommunicator>* out);
+
+// Wraps an engine's communicator. Never destroys it; on a fault applies options.adopted_fault_policy.
+Status adopt_nccl_communicator(ncclComm* comm, const NcclOptions& options, std::unique_ptr<NcclCommunicator>* out);
+
+// One communicator per device of `devices` (rank i on devices[i]), all in this process, each with its
+// own stream (options.stream and options.device are ignored).
+Status create_nccl_communicators_single_process(const std::vector<int>& devices, const NcclOptions& options,
+                                                std::vector<std::unique_ptr<NcclCommunicator>>* out);
+
+// "2.28.9 (built with 2.28.9)": the NCCL library loaded and the header compiled against.
+std::string nccl_version_string();
+
+// Sets NCCL_NVLS_ENABLE=0 unless the variable is already set (NVLink SHARP / multicast off).
+void nccl_disable_nvls_if_unset();
+
+}  // namespace mladcp
