@@ -8,6 +8,14 @@
 #if MLADCP_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
+// The CUDA backend's capabilities are plain data in a header-only declaration, so that a build without
+// CUDA still knows them (for the generated backend table). Listed from the moment that header exists.
+#if __has_include("cuda/cuda_capabilities.h")
+#include "cuda/cuda_capabilities.h"  // BackendCapabilities cuda_backend_capabilities()
+#define MLADCP_KNOWS_CUDA_CAPABILITIES 1
+#else
+#define MLADCP_KNOWS_CUDA_CAPABILITIES 0
+#endif
 
 namespace mladcp {
 namespace {
@@ -76,6 +84,16 @@ std::vector<BackendCapabilities> all_backend_capabilities() {
     if (create_backend(n, &b).ok()) caps.push_back(b->capabilities());
   }
   return caps;
+}
+
+std::vector<KnownBackend> all_known_backends() {
+  std::vector<KnownBackend> known;
+  known.push_back({make_cpu_reference_backend()->capabilities(), true});
+  known.push_back({make_cpu_backend()->capabilities(), true});
+#if MLADCP_KNOWS_CUDA_CAPABILITIES
+  known.push_back({cuda_backend_capabilities(), MLADCP_HAVE_CUDA != 0});
+#endif
+  return known;
 }
 
 std::string best_available_backend() {

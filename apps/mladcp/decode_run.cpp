@@ -1,0 +1,259 @@
+#include "decode_run.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <new>
+#include <thread>
+
+#include "cli_common.h"
+#include "common/compare.h"
+#include "core/validate.h"
+#include "mladcp/sharding.h"
+
+namespace mladcp::cli {
+namespace {
+
+using detail::invalid;
+
+// Rough speed of the fp64 oracle, to decide when its run deserves a progress line.
+constexpr double kOracleFlopsPerSecond = 2.5e9;
+// Below this, a step needs no progress line.
+constexpr double kQuietSeconds = 2.0;
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Status parse_options(const DecodeOptions& opt, synthetic::Config* cfg, DType* out_dtype, LseBase* base) {
+  if (opt.dcp_rank < 0 || opt.dcp_rank >= opt.dcp_world)
+    return invalid("--dcp-rank=", opt.dcp_rank, ": must be in [0, --dcp-world=", opt.dcp_world, ")");
+  if (opt.context < opt.q_len)
+    return invalid("--context=", opt.context, ": must be >= --q-len=", opt.q_len,
+                   " (a sequence holds its q_len new tokens)");
+  if (opt.block_size % opt.interleave != 0)
+    return invalid("--block-size=", opt.block_size, ": must be a multiple of --interleave=", opt.interleave);
+  const std::optional<DType> kv = parse_dtype(opt.kv_dtype);
+  if (!kv || (*kv != DType::kBF16 && *kv != DType::kFP8E4M3))
+    return invalid("--kv-dtype=", opt.kv_dtype, ": accepted bf16, fp8");
+  const std::optional<DType> out = parse_dtype(opt.out_dtype);
+  if (!out || (*out != DType::kBF16 && *out != DType::kFP32))
+    return invalid("--out-dtype=", opt.out_dtype, ": accepted bf16, fp32");
+  if (opt.lse_base != "e" && opt.lse_base != "2") return invalid("--lse-base=", opt.lse_base, ": accepted e, 2");
+
+  cfg->num_seqs = opt.batch;
+  cfg->q_len = opt.q_len;
+  cfg->num_heads = opt.heads;
+  cfg->block_size = opt.block_size;
+  cfg->seq_lens = synthetic::uniform_lengths(opt.batch, opt.context);
+  cfg->kv_dtype = *kv;
+  cfg->shard = DcpShard{opt.dcp_world, opt.dcp_rank, opt.interleave};
+  cfg->seed = opt.seed;
+  *out_dtype = *out;
+  *base = opt.lse_base == "2" ? LseBase::k2 : LseBase::kE;
+  return Status::Ok();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Compares the backend's output and LSE with the oracle's (fp32 output, same LSE base).
+CheckResult compare_with_oracle(const DecodeReport& r, const std::vector<float>& out, const std::vector<float>& ref,
+                                const std::vector<float>& lse, const std::vector<float>& ref_lse) {
+  CheckResult c;
+  const int64_t T = r.config.num_seqs * r.config.q_len, H = r.config.num_heads;
+  const test::Tolerance out_tol = test::output_tolerance(r.out_dtype);
+  const test::Comparison oc = test::compare(out, ref, out_tol, "output", {T, H, kLatentDim});
+  double diff2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = double(out[i]) - double(ref[i]);
+    diff2 += d * d;
+    ref2 += double(ref[i]) * double(ref[i]);
+  }
+  c.out_max_abs_err = oc.max_abs_err;
+  c.out_rel_err = ref2 > 0.0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  c.out_rel_tolerance = out_tol.rel;
+  c.out_bad = oc.bad;
+  c.out_unwritten = oc.unwritten;
+  c.detail = oc.report;
+  // A NaN anywhere makes out_rel_err NaN, which fails the comparison below.
+  c.pass = oc.ok && c.out_rel_err <= c.out_rel_tolerance;
+  c.has_lse = !ref_lse.empty();
+  if (c.has_lse) {
+    const test::Comparison lc = test::compare(lse, ref_lse, test::lse_tolerance(), "lse", {T, H});
+    c.lse_max_abs_err = lc.max_abs_err;
+    c.lse_bad = lc.bad;
+    c.detail += "\n" + lc.report;
+    c.pass = c.pass && lc.ok;
+  }
+  return c;
+}
+
+}  // namespace
+
+bool tool_can_run(const BackendCapabilities& caps) { return caps.device == Device::kHost; }
+
+Status run_decode(const DecodeOptions& opt, DecodeReport* report) {
+  DecodeReport& r = *report;
+  r = DecodeReport{};
+  MLADCP_RETURN_IF_ERROR(parse_options(opt, &r.config, &r.out_dtype, &r.lse_base));
+  const LseBase base = r.lse_base;
+  r.lse = !opt.no_lse;
+
+  r.backend = opt.backend.empty() ? best_available_backend() : opt.backend;
+  const std::vector<std::string> names = backend_names();
+  if (std::find(names.begin(), names.end(), r.backend) == names.end()) {
+    std::string known;
+    for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+    return invalid("--backend=", r.backend, ": unknown; this build has ", known);
+  }
+  std::unique_ptr<Backend> backend;
+  MLADCP_RETURN_IF_ERROR(create_backend(r.backend, &backend));
+  const BackendCapabilities& caps = backend->capabilities();
+  r.device = caps.device;
+  if (!tool_can_run(caps))
+    return Status::Unsupported(detail::cat("--backend=", r.backend, ": this backend keeps its data in ",
+                                           device_name(caps.device),
+                                           " device memory, and this build of mladcp only "
+                                           "stages host memory; use a host backend (--backend cpu)"));
+  r.threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+
+  // The problem: one shard of a global cache, NaN in every unused slot, a permuted block table.
+  synthetic::Problem problem;
+  const double kv_values = double(opt.batch) * opt.context * kQkDim / opt.dcp_world;
+  if (kv_values > 2e8)
+    progress("building a synthetic cache of " + format_bytes(kv_values * dtype_size(r.config.kv_dtype)) + "...");
+  try {
+    MLADCP_RETURN_IF_ERROR(synthetic::make_problem(r.config, &problem));
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kUnavailable, detail::cat("not enough host memory for a cache of ",
+                                                        format_bytes(kv_values * dtype_size(r.config.kv_dtype))));
+  }
+  const int64_t T = problem.num_tokens(), H = r.config.num_heads;
+  const size_t out_elems = size_t(T) * H * kLatentDim, lse_elems = size_t(T) * H;
+
+  std::vector<uint8_t> out(out_elems * dtype_size(r.out_dtype));
+  std::vector<float> lse(r.lse ? lse_elems : 0);
+  test::fill_sentinel(out.data(), r.out_dtype, out_elems);
+  test::fill_sentinel(lse);
+  const MlaDecodeParams p = problem.params(out.data(), r.out_dtype, r.lse ? lse.data() : nullptr, base);
+
+  // Traffic and work of one step.
+  double visible = 0.0;
+  for (int seq = 0; seq < r.config.num_seqs; ++seq)
+    for (int t = 0; t < r.config.q_len; ++t)
+      visible += double(sharding::visible_local_keys(problem.seq_lens[seq], r.config.q_len, t, r.config.shard));
+  r.flops = 2.0 * (kQkDim + kLatentDim) * double(H) * visible;
+  r.bytes = double(problem.kv_bytes_used()) + double(T) * H * kQkDim * dtype_size(DType::kBF16) + double(out.size()) +
+            double(lse.size()) * sizeof(float);
+
+  std::vector<uint8_t> workspace(backend->workspace_bytes(p));
+  ExecContext ctx;
+  ctx.workspace = workspace.data();
+  ctx.workspace_size = workspace.size();
+  ctx.num_threads = opt.threads;
+
+  // One warm-up run, then the timed runs.
+  double t0 = now_seconds();
+  MLADCP_RETURN_IF_ERROR(backend->decode(p, ctx));
+  const double warm = now_seconds() - t0;
+  if (opt.iters > 0) {
+    r.iters = opt.iters;
+  } else if (warm >= 1.0) {
+    r.iters = 0;  // a run this long is its own measurement
+    r.seconds.push_back(warm);
+  } else {
+    r.iters = std::clamp(int(kQuietSeconds / std::max(warm, 1e-6)), 1, 100);
+  }
+  if (r.iters * warm > kQuietSeconds)
+    progress("timing " + std::to_string(r.iters) + " runs of about " + format_seconds(warm) + " each...");
+  for (int i = 0; i < r.iters; ++i) {
+    t0 = now_seconds();
+    MLADCP_RETURN_IF_ERROR(backend->decode(p, ctx));
+    r.seconds.push_back(now_seconds() - t0);
+  }
+  if (r.iters == 0) r.iters = 1;
+  r.median_seconds = median(r.seconds);
+  r.min_seconds = *std::min_element(r.seconds.begin(), r.seconds.end());
+
+  if (!opt.check) return Status::Ok();
+  r.checked = true;
+  std::unique_ptr<Backend> oracle;
+  MLADCP_RETURN_IF_ERROR(create_backend("cpu-reference", &oracle));
+  std::vector<float> ref(out_elems), ref_lse(r.lse ? lse_elems : 0);
+  test::fill_sentinel(ref);
+  test::fill_sentinel(ref_lse);
+  const double oracle_estimate = r.flops / kOracleFlopsPerSecond;
+  if (oracle_estimate > kQuietSeconds)
+    progress("checking against the cpu-reference oracle (fp64, about " + format_seconds(oracle_estimate) + ")...");
+  t0 = now_seconds();
+  MLADCP_RETURN_IF_ERROR(
+      oracle->decode(problem.params(ref.data(), DType::kFP32, r.lse ? ref_lse.data() : nullptr, base), ExecContext{}));
+  const double oracle_seconds = now_seconds() - t0;
+  r.check = compare_with_oracle(r, test::to_float(out.data(), r.out_dtype, out_elems), ref, lse, ref_lse);
+  r.check.oracle_seconds = oracle_seconds;
+  return Status::Ok();
+}
+
+std::string describe_shape(const DecodeReport& r) {
+  const synthetic::Config& c = r.config;
+  std::string s = detail::cat(c.num_seqs, " x ", c.seq_lens.empty() ? 0 : c.seq_lens[0], " tokens, ", c.num_heads,
+                              " heads, q_len ", c.q_len, ", ", dtype_name(c.kv_dtype), " KV, block ", c.block_size,
+                              ", ", dtype_name(r.out_dtype), " out");
+  if (r.lse) s += detail::cat(", LSE base ", lse_base_name(r.lse_base));
+  if (c.shard.world > 1)
+    s += detail::cat("; DCP shard rank ", c.shard.rank, " of ", c.shard.world, ", interleave ", c.shard.interleave);
+  return s;
+}
+
+nlohmann::ordered_json report_json(const DecodeReport& r) {
+  using json = nlohmann::ordered_json;
+  const synthetic::Config& c = r.config;
+  json j = {{"backend", r.backend},
+            {"device", device_name(r.device)},
+            {"threads", r.threads},
+            {"shape",
+             {{"batch", c.num_seqs},
+              {"context", c.seq_lens.empty() ? 0 : c.seq_lens[0]},
+              {"heads", c.num_heads},
+              {"q_len", c.q_len},
+              {"block_size", c.block_size},
+              {"kv_dtype", dtype_name(c.kv_dtype)},
+              {"out_dtype", dtype_name(r.out_dtype)},
+              {"lse", r.lse},
+              {"lse_base", lse_base_name(r.lse_base)}}},
+            {"shard", {{"world", c.shard.world}, {"rank", c.shard.rank}, {"interleave", c.shard.interleave}}},
+            {"seed", c.seed},
+            {"iters", r.iters},
+            {"time_s", {{"median", r.median_seconds}, {"min", r.min_seconds}}},
+            {"bytes", r.bytes},
+            {"flops", r.flops},
+            {"bytes_per_s", r.bytes / r.median_seconds},
+            {"flops_per_s", r.flops / r.median_seconds}};
+  if (r.checked) {
+    const CheckResult& k = r.check;
+    json check = {{"oracle", "cpu-reference"},
+                  {"pass", k.pass},
+                  {"out_max_abs_err", k.out_max_abs_err},
+                  {"out_rel_err", k.out_rel_err},
+                  {"out_rel_tolerance", k.out_rel_tolerance},
+                  {"out_elements_outside_tolerance", k.out_bad},
+                  {"out_elements_unwritten", k.out_unwritten}};
+    if (k.has_lse) {
+      check["lse_max_abs_err"] = k.lse_max_abs_err;
+      check["lse_elements_outside_tolerance"] = k.lse_bad;
+    }
+    check["oracle_seconds"] = k.oracle_seconds;
+    j["check"] = check;
+  } else {
+    j["check"] = nullptr;
+  }
+  return j;
+}
+
+}  // namespace mladcp::cli

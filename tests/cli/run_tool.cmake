@@ -1,0 +1,27 @@
+# Runs the mladcp tool once and checks its exit code, its output and (optionally) its JSON.
+#   -DTOOL=<path>  -DARGS=<arguments separated by |>  [-DEXPECT_RC=<code>, default 0]
+#   [-DEXPECT_REGEX=<regex the combined stdout+stderr must match>]
+#   [-DJSON_PATHS=<|-separated dotted paths that must exist in stdout parsed as JSON, e.g. check.pass>]
+string(REPLACE "|" ";" _args "${ARGS}")
+execute_process(COMMAND ${TOOL} ${_args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT DEFINED EXPECT_RC)
+  set(EXPECT_RC 0)
+endif()
+message("$ mladcp ${_args}\n${out}${err}")
+if(NOT "${rc}" STREQUAL "${EXPECT_RC}")
+  message(FATAL_ERROR "exit code ${rc}, expected ${EXPECT_RC}")
+endif()
+if(DEFINED EXPECT_REGEX AND NOT "${out}${err}" MATCHES "${EXPECT_REGEX}")
+  message(FATAL_ERROR "output does not match the regular expression: ${EXPECT_REGEX}")
+endif()
+if(DEFINED JSON_PATHS)
+  string(REPLACE "|" ";" _paths "${JSON_PATHS}")
+  foreach(_path ${_paths})
+    string(REPLACE "." ";" _keys "${_path}")
+    string(JSON _value ERROR_VARIABLE _json_error GET "${out}" ${_keys})
+    if(_json_error)
+      message(FATAL_ERROR "JSON: ${_path}: ${_json_error}")
+    endif()
+    message("JSON ${_path} = ${_value}")
+  endforeach()
+endif()

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what the build needs (Debian 12 packages; apt-get only for those missing), then configures and
+# builds mladcp with a CMake preset (CMakePresets.json). CUDA is built when nvcc is found.
+# Usage: tools/build.sh [preset [cmake --build arguments...]]     preset: release (default), debug, cpu-only
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+preset="${1:-release}"
+shift || true
+
+packages=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  echo "tools/build.sh: installing ${missing[*]}" >&2
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# The CUDA toolkit's usual home; CMake finds nvcc on PATH.
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+cd "$root"
+cmake --preset "$preset"
+cmake --build --preset "$preset" -j "$(nproc)" "$@"
