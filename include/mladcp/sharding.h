@@ -50,5 +50,42 @@ MLADCP_HD int64_t visible_local_keys(int64_t global_len, int q_len, int t, const
   return local_len(global_len - q_len + t + 1, s.world, s.rank, s.interleave);
 }
 
+// ---- Virtual blocks and slots (the paged cache under DCP) ------------------------------------------
+//
+// The block table is kept in virtual blocks of block_size·W global positions: entry b of a sequence's
+// row names ONE block id, and every rank stores its block_size tokens of virtual block b in its own
+// physical block of that id. Since block_size % I == 0, each rank holds exactly block_size tokens of
+// a full virtual block, so rank r's local token k lives in block_table[k / block_size] at offset
+// k % block_size: the decode reads the same table densely, with no per-rank translation.
+
+MLADCP_HD int64_t virtual_block_size(int block_size, int world) { return int64_t(block_size) * world; }
+
+// Block-table entries a sequence of global length `len` uses (the same on every rank).
+MLADCP_HD int64_t num_virtual_blocks(int64_t len, int block_size, int world) {
+  const int64_t v = virtual_block_size(block_size, world);
+  return len <= 0 ? 0 : (len + v - 1) / v;
+}
+
+// Physical blocks rank `rank` reads for a sequence of global length `len` (≤ num_virtual_blocks).
+MLADCP_HD int64_t num_local_blocks(int64_t len, int block_size, const DcpShard& s) {
+  const int64_t local = local_len(len, s.world, s.rank, s.interleave);
+  return (local + block_size - 1) / block_size;
+}
+
+// Offset of global position p inside its physical block on its owner: (vbo / (W·I))·I + vbo % I with
+// vbo = p % (block_size·W). Equals global_to_local(p) % block_size.
+MLADCP_HD int offset_in_block(int64_t p, int block_size, int world, int interleave) {
+  const int64_t vbo = p % virtual_block_size(block_size, world);
+  return int((vbo / (int64_t(world) * interleave)) * interleave + vbo % interleave);
+}
+
+// Cache slot (block_id · block_size + offset) of global position p on rank s.rank, or -1 when another
+// rank owns p. `block_table_row` is the sequence's row of virtual-block ids.
+MLADCP_HD int64_t slot_of(int64_t p, const int32_t* block_table_row, int block_size, const DcpShard& s) {
+  if (owner(p, s.world, s.interleave) != s.rank) return -1;
+  const int64_t block = block_table_row[p / virtual_block_size(block_size, s.world)];
+  return block * block_size + offset_in_block(p, block_size, s.world, s.interleave);
+}
+
 }  // namespace sharding
 }  // namespace mladcp
