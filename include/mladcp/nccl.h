@@ -78,6 +78,9 @@ class NcclCommunicator : public Communicator {
   virtual void* stream() const = 0;  // cudaStream_t
   // Issue later operations on `stream` (a cudaStream_t of this communicator's device; not nullptr).
   virtual Status set_stream(void* stream) = 0;
+  // Switches wait() outside capture between waiting for completion on the device (true) and only
+  // checking the enqueue (false); see NcclOptions::wait_for_completion.
+  virtual void set_wait_for_completion(bool wait) = 0;
   // The NCCL communicator (nullptr once aborted); owned unless adopted.
   virtual ncclComm* nccl_comm() const = 0;
   virtual bool owns_comm() const = 0;
@@ -100,6 +103,10 @@ Status adopt_nccl_communicator(ncclComm* comm, const NcclOptions& options, std::
 // own stream (options.stream and options.device are ignored).
 Status create_nccl_communicators_single_process(const std::vector<int>& devices, const NcclOptions& options,
                                                 std::vector<std::unique_ptr<NcclCommunicator>>* out);
+
+// Destroys communicators of one process (e.g. from create_nccl_communicators_single_process) all at
+// once, one thread each: NCCL's orderly teardown of a rank may wait for its peers' teardown.
+void destroy_nccl_communicators(std::vector<std::unique_ptr<NcclCommunicator>>* comms);
 
 // "2.28.9 (built with 2.28.9)": the NCCL library loaded and the header compiled against.
 std::string nccl_version_string();

@@ -414,6 +414,11 @@ Status NcclCommunicatorImpl::set_stream(void* stream) {
   return Status::Ok();
 }
 
+void NcclCommunicatorImpl::set_wait_for_completion(bool wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  options_.wait_for_completion = wait;
+}
+
 ncclComm* NcclCommunicatorImpl::nccl_comm() const {
   std::unique_lock<std::mutex> lock(mu_);
   return comm_;
@@ -599,6 +604,15 @@ Status adopt_nccl_communicator(ncclComm* comm, const NcclOptions& options, std::
 Status create_nccl_communicators_single_process(const std::vector<int>& devices, const NcclOptions& options,
                                                 std::vector<std::unique_ptr<NcclCommunicator>>* out) {
   return nccl_detail::create_single_process(nccl_detail::real_driver(), devices, options, out);
+}
+
+void destroy_nccl_communicators(std::vector<std::unique_ptr<NcclCommunicator>>* comms) {
+  if (!comms) return;
+  std::vector<std::thread> threads;
+  for (auto& c : *comms)
+    if (c) threads.emplace_back([&c] { c.reset(); });
+  for (auto& t : threads) t.join();
+  comms->clear();
 }
 
 std::string nccl_version_string() {

@@ -63,6 +63,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   int device() const override { return device_; }
   void* stream() const override { return stream_; }
   Status set_stream(void* stream) override;
+  void set_wait_for_completion(bool wait) override;
   ncclComm* nccl_comm() const override;
   bool owns_comm() const override { return owns_comm_; }
 

@@ -355,6 +355,10 @@ TEST_F(NcclCommunicatorTest, WaitForCompletionOffSkipsTheHostSync) {
   ASSERT_TRUE(c->all_gather(send_buf, recv_buf, 8).ok());
   ASSERT_TRUE(c->wait(1ms).ok());
   EXPECT_EQ(driver->event_queries, 0);
+  // Switched back on, the same stall is a timeout.
+  c->set_wait_for_completion(true);
+  ASSERT_TRUE(c->all_gather(send_buf, recv_buf, 8).ok());
+  EXPECT_EQ(c->wait(5ms).code(), StatusCode::kTimeout);
 }
 
 TEST_F(NcclCommunicatorTest, AbortFromAnotherThreadEndsAWait) {
@@ -472,6 +476,16 @@ TEST_F(NcclCommunicatorTest, SingleProcessGroup) {
   EXPECT_EQ(driver->count("group_start"), 1);
   EXPECT_EQ(driver->count("group_end"), 1);
   EXPECT_EQ(driver->init_ids.size(), 2u);
+}
+
+TEST_F(NcclCommunicatorTest, SingleProcessGroupIsDestroyedTogether) {
+  std::vector<std::unique_ptr<NcclCommunicator>> comms;
+  ASSERT_TRUE(create_single_process(driver, {0, 1}, fast_options(), &comms).ok());
+  destroy_nccl_communicators(&comms);
+  EXPECT_TRUE(comms.empty());
+  EXPECT_EQ(driver->finalized.size(), 2u);
+  EXPECT_EQ(driver->destroyed.size(), 2u);
+  EXPECT_TRUE(driver->aborted.empty());
 }
 
 TEST_F(NcclCommunicatorTest, SingleProcessCreationTimeoutAbortsEveryRank) {

@@ -1,0 +1,100 @@
+// DCP decode on GPUs over NCCL, as the tool, the tests and the benchmark run it: every rank of a
+// NcclCommunicator (one GPU each; one process or one thread per GPU) builds its shard of a problem in
+// device memory and runs the same DcpDecoder step as the CPU ranks do, with a device backend ("cuda").
+//
+//   run_check():  the step (eager or captured in a CUDA graph) against a single-GPU decode of the
+//                 unsharded cache on the same device; compares this rank's heads.
+//   run_timing(): device time of the step and of its phases (query all-gather, attention, exchange,
+//                 merge) from CUDA events recorded at the phase boundaries, median over many steps
+//                 after warm-up, in three modes: eager with the deadline-checked host wait after each
+//                 exchange, eager without it, and the whole step captured in one CUDA graph.
+//
+// Every function is collective over the communicator: all ranks call it with the same arguments.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/compare.h"
+#include "core/synthetic.h"
+#include "mladcp/dcp.h"
+#include "mladcp/nccl.h"
+
+namespace mladcp::dcp_gpu {
+
+struct CheckCase {
+  synthetic::Config problem;  // the global problem: num_heads = H (all heads); problem.shard is ignored
+  DcpMergeMode merge_mode = DcpMergeMode::kAllToAll;
+  int interleave = 1;
+  DType out_dtype = DType::kBF16;
+  bool with_lse = true;   // also return and check the merged LSE
+  bool graph = false;     // capture the step in a CUDA graph and replay it (instead of running it eagerly)
+  std::string backend = "cuda";
+  std::chrono::milliseconds deadline{30000};
+};
+
+struct CheckResult {
+  bool ok = false;
+  std::string report;  // the output (and LSE) comparison for this rank's heads, with seed and shape
+  test::Comparison out, lse;
+  size_t kv_bytes_rank = 0;      // bytes of this rank's cache that hold its tokens
+  std::vector<float> out_values;  // this rank's DCP output [T, H/W, 512] widened to fp32 (bit-exact)
+  std::vector<float> lse_values;  // [T, H/W] when with_lse
+};
+
+// One DCP step on every rank, compared with a single-GPU decode of the unsharded cache.
+Status run_check(NcclCommunicator& comm, const CheckCase& c, CheckResult* result);
+
+struct TimingCase {
+  int num_seqs = 1;     // B; T = B · q_len query tokens
+  int q_len = 1;
+  int num_heads = 128;  // H (all heads); each rank owns H / W
+  int context = 32768;  // global length of every sequence
+  int block_size = 64;
+  int interleave = 1;
+  DType kv_dtype = DType::kBF16;
+  DcpMergeMode merge_mode = DcpMergeMode::kAllToAll;
+  bool eager_sync = true;   // eager, host waits (with the deadline) after each exchange
+  bool eager = true;        // eager, no host wait inside the step
+  bool graph = true;        // the step captured in a CUDA graph
+  int warmup = 10;
+  int samples = 50;
+  int graph_batch = 5;      // graph replays back to back per sample
+  // The KV cache is replicated and the copies rotated so that consecutive steps read at least this
+  // many distinct bytes (more than the L2), as a real model's layers do.
+  size_t rotation_bytes = size_t(256) << 20;
+  std::string backend = "cuda";
+  uint64_t seed = 1;
+  std::chrono::milliseconds deadline{30000};
+};
+
+// Medians over the samples, in microseconds of device time (NaN when not measured).
+struct PhaseTimes {
+  double step_us = 0, q_gather_us = 0, attention_us = 0, exchange_us = 0, merge_us = 0;
+  int samples = 0;
+  bool measured = false;
+};
+
+struct TimingResult {
+  PhaseTimes eager_sync, eager, graph;
+  size_t kv_bytes_rank = 0;       // bytes of this rank's cache that hold its tokens (one copy)
+  size_t kv_bytes_allocated = 0;  // including rotation copies
+  int rotation_copies = 1;
+  std::string note;               // why a mode was skipped, if one was
+};
+
+Status run_timing(NcclCommunicator& comm, const TimingCase& c, TimingResult* result);
+
+// Element-wise maximum of `values` over the ranks (NaN wins); the same vector length on every rank.
+Status max_over_ranks(NcclCommunicator& comm, std::vector<double>* values, std::chrono::milliseconds deadline);
+
+// Returns once every rank called it (a small all-gather, waited for with the deadline).
+Status barrier(NcclCommunicator& comm, std::chrono::milliseconds deadline);
+
+// Flattening of a TimingResult's numbers for max_over_ranks (and back).
+std::vector<double> to_vector(const TimingResult& r);
+void from_vector(const std::vector<double>& v, TimingResult* r);
+
+}  // namespace mladcp::dcp_gpu
