@@ -36,21 +36,32 @@ int64_t key_offset(const MlaDecodeParams& p, int seq, int64_t k) {
   return int64_t(block) * p.kv_stride_block + (k % p.block_size) * p.kv_stride_token;
 }
 
-// One (token, head) row: scores over the n visible local keys, then softmax-weighted kv_c.
-void reference_row(const MlaDecodeParams& p, int seq, int64_t t, int h, int64_t n) {
+// The first n local keys of a sequence, dequantized: keys[k * 576 + d].
+std::vector<double> gather_keys(const MlaDecodeParams& p, int seq, int64_t n) {
+  std::vector<double> keys(static_cast<size_t>(n) * kQkDim);
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t kv = key_offset(p, seq, k);
+    for (int d = 0; d < kQkDim; ++d) keys[size_t(k) * kQkDim + d] = load_kv(p, kv + d);
+  }
+  return keys;
+}
+
+// One (token, head) row over its n visible keys: scores, softmax, softmax-weighted kv_c.
+void reference_row(const MlaDecodeParams& p, const std::vector<double>& keys, int64_t t, int h, int64_t n) {
   const int64_t out_base = out_offset(p, t, h);
   if (n == 0) {
     for (int d = 0; d < kLatentDim; ++d) store_out(p, out_base + d, 0.0);
     if (p.lse) p.lse[lse_offset(p, t, h)] = -std::numeric_limits<float>::infinity();
     return;
   }
-  const int64_t q_base = q_offset(p, t, h);
+  double q[kQkDim];
+  for (int d = 0; d < kQkDim; ++d) q[d] = load_q(p, q_offset(p, t, h) + d);
   std::vector<double> s(static_cast<size_t>(n));
   double max_s = -std::numeric_limits<double>::infinity();
   for (int64_t k = 0; k < n; ++k) {
-    const int64_t kv = key_offset(p, seq, k);
+    const double* c = &keys[size_t(k) * kQkDim];
     double dot = 0.0;
-    for (int d = 0; d < kQkDim; ++d) dot += load_q(p, q_base + d) * load_kv(p, kv + d);
+    for (int d = 0; d < kQkDim; ++d) dot += q[d] * c[d];
     s[size_t(k)] = double(p.softmax_scale) * dot;
     if (s[size_t(k)] > max_s) max_s = s[size_t(k)];
   }
@@ -59,8 +70,8 @@ void reference_row(const MlaDecodeParams& p, int seq, int64_t t, int h, int64_t 
   std::vector<double> acc(kLatentDim, 0.0);
   for (int64_t k = 0; k < n; ++k) {
     const double w = std::exp(s[size_t(k)] - max_s) / sum;
-    const int64_t kv = key_offset(p, seq, k);
-    for (int d = 0; d < kLatentDim; ++d) acc[size_t(d)] += w * load_kv(p, kv + d);
+    const double* c = &keys[size_t(k) * kQkDim];
+    for (int d = 0; d < kLatentDim; ++d) acc[size_t(d)] += w * c[d];
   }
   for (int d = 0; d < kLatentDim; ++d) store_out(p, out_base + d, acc[size_t(d)]);
   if (p.lse) {
@@ -68,6 +79,7 @@ void reference_row(const MlaDecodeParams& p, int seq, int64_t t, int h, int64_t 
     p.lse[lse_offset(p, t, h)] = float(p.lse_base == LseBase::kE ? lse_e : lse_e / std::log(2.0));
   }
 }
+
 
 class CpuReferenceBackend final : public Backend {
  public:
@@ -99,10 +111,13 @@ class CpuReferenceBackend final : public Backend {
     MLADCP_RETURN_IF_ERROR(check_host_indices(in));
     const MlaDecodeParams p = with_default_strides(in);
     for (int seq = 0; seq < p.num_seqs; ++seq) {
+      // The last query token sees the most keys (the causal rule in global coordinates).
+      const std::vector<double> keys =
+          gather_keys(p, seq, sharding::visible_local_keys(p.seq_lens[seq], p.q_len, p.q_len - 1, p.shard));
       for (int i = 0; i < p.q_len; ++i) {
         const int64_t t = int64_t(seq) * p.q_len + i;
         const int64_t n = sharding::visible_local_keys(p.seq_lens[seq], p.q_len, i, p.shard);
-        for (int h = 0; h < p.num_heads; ++h) reference_row(p, seq, t, h, n);
+        for (int h = 0; h < p.num_heads; ++h) reference_row(p, keys, t, h, n);
       }
     }
     return Status::Ok();
