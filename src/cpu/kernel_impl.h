@@ -34,7 +34,7 @@ typedef float vf __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 typedef uint32_t vu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 typedef uint16_t vh __attribute__((vector_size(VW * 2), aligned(2), may_alias));
-typedef uint8_t vb __attribute__((vector_size(VW), aligned(1), may_alias));
+typedef uint8_t vb __attribute__((vector_size(VW)));
 
 inline vf vload(const float* p) { return *reinterpret_cast<const vf*>(p); }
 inline void vstore(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
@@ -200,17 +200,21 @@ inline void transpose(vf* rows) {
   if constexpr (VW > 8) transpose_stage<8>(rows);
 }
 
-// e4m3fn: the 7 low bits shifted to fp32's exponent/mantissa position give the value times 2^-120
-// (normals and subnormals alike); 0x7f/0xff are NaN.
+// e4m3fn with integer arithmetic only (a float multiply on the fp32 denormals that a bit shift
+// would produce costs a microcode assist on x86): normals move their exponent and mantissa into
+// place and rebias the exponent (+120); subnormals are m · 2^-9; 0x7f/0xff are NaN.
 inline void convert_fp8(const uint8_t* __restrict src, float* __restrict dst) {
   for (int d = 0; d < kQkDim; d += VW) {
-    const vb b = *reinterpret_cast<const vb*>(src + d);
-    const vu w = __builtin_convertvector(b, vu);
-    const vu mag = (w & 0x7fu) << 20;
-    const vf val = reinterpret_cast<const vf&>(mag) * 1.329227995784916e36f;  // 2^120
-    const vu sign = (w & 0x80u) << 24;
-    vu bits = reinterpret_cast<const vu&>(val) | sign;
-    bits = (w & 0x7fu) == 0x7fu ? vu{} + 0x7fc00000u : bits;
+    vb bytes;
+    std::memcpy(&bytes, src + d, sizeof(bytes));
+    // Widened in two steps: GCC turns the one-step byte to dword conversion into scalar code.
+    const vu w = __builtin_convertvector(__builtin_convertvector(bytes, vh), vu);
+    const vu mag = w & 0x7fu;
+    const vu normal = (mag << 20) + (120u << 23);
+    const vf sub = __builtin_convertvector(reinterpret_cast<const vi&>(mag), vf) * 0.001953125f;  // m · 2^-9
+    vu bits = (mag >> 3) == 0u ? reinterpret_cast<const vu&>(sub) : normal;
+    bits = mag == 0x7fu ? vu{} + 0x7fc00000u : bits;
+    bits |= (w & 0x80u) << 24;
     vstore(dst + d, reinterpret_cast<const vf&>(bits));
   }
 }
