@@ -26,9 +26,6 @@
 #include "comm/nccl_dcp_runner.h"
 #include "mladcp/nccl.h"
 
-#if MLADCP_HAVE_MPI
-#include <mpi.h>
-#endif
 
 namespace mladcp::dcp_gpu {
 namespace {
@@ -119,70 +116,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// The ranks this process drives: one under MPI, all of them in thread mode.
-class Group {
- public:
-  Status init(const Args& a, int* argc, char*** argv) {
-#if MLADCP_HAVE_MPI
-    if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK")) {
-      MPI_Init(argc, argv);
-      mpi_ = true;
-      MPI_Comm local;
-      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-      int local_rank = 0;
-      MPI_Comm_rank(local, &local_rank);
-      MPI_Comm_free(&local);
-      int devices = 0;
-      if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
-        return Status(StatusCode::kUnavailable, "no CUDA device visible");
-      NcclOptions o;
-      o.device = local_rank % devices;
-      o.setup_timeout = 120s;
-      comms_.resize(1);
-      return create_nccl_communicator_mpi(nullptr, o, &comms_[0]);
-    }
-#else
-    (void)argc, (void)argv;
-#endif
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-    const int n = a.gpus > 0 ? a.gpus : devices;
-    if (n < 1 || n > devices)
-      return Status(StatusCode::kUnavailable, "--gpus " + std::to_string(n) + ": " + std::to_string(devices) +
-                                                  " CUDA device(s) visible");
-    std::vector<int> ids(n);
-    for (int i = 0; i < n; ++i) ids[i] = i;
-    NcclOptions o;
-    o.setup_timeout = 120s;
-    return create_nccl_communicators_single_process(ids, o, &comms_);
-  }
-  ~Group() {
-    destroy_nccl_communicators(&comms_);
-#if MLADCP_HAVE_MPI
-    if (mpi_) MPI_Finalize();
-#endif
-  }
-  int world() const { return comms_.empty() ? 0 : comms_[0]->world_size(); }
-  bool leader() const { return !comms_.empty() && comms_[0]->rank() == 0; }
-  bool mpi() const { return mpi_; }
-
-  // body(comm) on every rank of this process, in parallel; the first error wins.
-  Status each(const std::function<Status(NcclCommunicator&)>& body) {
-    if (comms_.size() == 1) return body(*comms_[0]);
-    std::vector<Status> st(comms_.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < comms_.size(); ++i) threads.emplace_back([&, i] { st[i] = body(*comms_[i]); });
-    for (auto& t : threads) t.join();
-    for (const Status& s : st)
-      if (!s.ok()) return s;
-    return Status::Ok();
-  }
-
- private:
-  std::vector<std::unique_ptr<NcclCommunicator>> comms_;
-  bool mpi_ = false;
-};
-
 // ---- --check -------------------------------------------------------------------------------------
 
 struct NamedCase {
@@ -221,7 +154,7 @@ std::vector<NamedCase> check_cases(const Args& a) {
   return cases;
 }
 
-Status run_checks(Group& g, const Args& a, bool* all_ok) {
+Status run_checks(RankGroup& g, const Args& a, bool* all_ok) {
   *all_ok = true;
   if (g.leader())
     std::printf("## DCP check: W=%d vs single-GPU decode of the unsharded cache (backend %s, H=%d)\n\n"
@@ -375,7 +308,8 @@ std::string json(const std::vector<Row>& rows, int world, const Args& a) {
   return os.str();
 }
 
-Status run_grid(Group& g, const Args& a, std::vector<Row>* rows) {
+// `on_row` runs on the leader after each row (the outputs are rewritten, so a run cut short keeps its rows).
+Status run_grid(RankGroup& g, const Args& a, std::vector<Row>* rows, const std::function<void()>& on_row) {
   for (int tokens : a.tokens)
     for (int context : a.contexts) {
       Row base;
@@ -419,6 +353,7 @@ Status run_grid(Group& g, const Args& a, std::vector<Row>* rows) {
                       fmt(p.exchange_us).c_str(), fmt(p.merge_us).c_str(),
                       row.dcp.graph.measured ? " [graph]" : " [eager]");
           std::fflush(stdout);
+          on_row();
         }
       }
     }
@@ -428,8 +363,8 @@ Status run_grid(Group& g, const Args& a, std::vector<Row>* rows) {
 int main_impl(int argc, char** argv) {
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink SHARP stays off unless the caller decided otherwise
   const Args a = parse(argc, argv);
-  Group g;
-  const Status init = g.init(a, &argc, &argv);
+  RankGroup g;
+  const Status init = g.init(a.gpus);
   if (!init.ok()) {
     std::fprintf(stderr, "mladcp_dcp_gpu_bench: %s\n", init.to_string().c_str());
     return 1;
@@ -440,7 +375,7 @@ int main_impl(int argc, char** argv) {
     cudaGetDevice(&device);
     cudaGetDeviceProperties(&prop, device);
     std::printf("# mladcp DCP on GPUs: W=%d (%s), %s, NCCL %s, NCCL_NVLS_ENABLE=%s\n\n", g.world(),
-                g.mpi() ? "mpirun, one process per GPU" : "one process, one thread per GPU", prop.name,
+                g.under_mpi() ? "mpirun, one process per GPU" : "one process, one thread per GPU", prop.name,
                 nccl_version_string().c_str(), std::getenv("NCCL_NVLS_ENABLE"));
   }
   int rc = 0;
@@ -452,17 +387,10 @@ int main_impl(int argc, char** argv) {
   }
   if (a.grid || !a.check) {
     std::vector<Row> rows;
-    const Status s = run_grid(g, a, &rows);
-    if (!s.ok()) {
-      std::fprintf(stderr, "mladcp_dcp_gpu_bench: timing: %s\n", s.to_string().c_str());
-      rc = 1;
-    }
-    if (g.leader() && !rows.empty()) {
-      const std::string md = markdown(rows, g.world(), a);
-      std::printf("\n%s", md.c_str());
+    auto write = [&] {
       if (!a.markdown.empty())
         if (FILE* f = std::fopen(a.markdown.c_str(), "w")) {
-          std::fputs(md.c_str(), f);
+          std::fputs(markdown(rows, g.world(), a).c_str(), f);
           std::fclose(f);
         }
       if (!a.json.empty())
@@ -470,7 +398,13 @@ int main_impl(int argc, char** argv) {
           std::fputs(json(rows, g.world(), a).c_str(), f);
           std::fclose(f);
         }
+    };
+    const Status s = run_grid(g, a, &rows, write);
+    if (!s.ok()) {
+      std::fprintf(stderr, "mladcp_dcp_gpu_bench: timing: %s\n", s.to_string().c_str());
+      rc = 1;
     }
+    if (g.leader() && !rows.empty()) std::printf("\n%s", markdown(rows, g.world(), a).c_str());
   }
   return rc;
 }

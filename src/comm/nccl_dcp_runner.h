@@ -14,6 +14,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -96,5 +98,45 @@ Status barrier(NcclCommunicator& comm, std::chrono::milliseconds deadline);
 // Flattening of a TimingResult's numbers for max_over_ranks (and back).
 std::vector<double> to_vector(const TimingResult& r);
 void from_vector(const std::vector<double>& v, TimingResult* r);
+
+// The ranks this process drives: under mpirun (a build with MPI, started by mpirun) the one rank of
+// this process on device = local rank % devices, the NCCL id broadcast over MPI_COMM_WORLD (MPI is
+// initialized here if the caller has not, and finalized on destruction); otherwise `gpus` ranks in
+// this process (0: every visible device), one communicator each, driven by one thread each.
+class RankGroup {
+ public:
+  RankGroup() = default;
+  RankGroup(const RankGroup&) = delete;
+  RankGroup& operator=(const RankGroup&) = delete;
+  ~RankGroup();
+  Status init(int gpus, std::chrono::milliseconds setup_timeout = std::chrono::milliseconds(120000));
+  int world() const { return comms_.empty() ? 0 : comms_[0]->world_size(); }
+  // This process holds rank 0 (it prints).
+  bool leader() const { return !comms_.empty() && comms_[0]->rank() == 0; }
+  bool under_mpi() const { return mpi_; }
+  // body(comm) for every rank of this process, in parallel (one thread each); the first error wins.
+  Status each(const std::function<Status(NcclCommunicator&)>& body);
+
+ private:
+  std::vector<std::unique_ptr<NcclCommunicator>> comms_;
+  bool mpi_ = false;
+  bool mpi_owned_ = false;
+};
+
+// `mladcp dcp` with a device backend: the options of the CPU command plus the GPU count of the
+// single-process mode. Prints rank 0's report (text or JSON); with check, fails on a mismatch.
+struct CommandOptions {
+  std::string backend = "cuda";
+  int heads = 128, batch = 4, context = 4096, q_len = 1, block_size = 64;
+  std::string kv_dtype = "bf16", out_dtype = "bf16", merge = "a2a";
+  int interleave = 1;
+  bool lse = false;
+  int iters = 0;  // timed steps per mode (0: 50)
+  int deadline_ms = 60000;
+  uint64_t seed = 1;
+  bool check = false, json = false;
+  int gpus = 0;   // single-process mode: GPUs (0: all visible); ignored under mpirun
+};
+Status run_command(const CommandOptions& o);
 
 }  // namespace mladcp::dcp_gpu
