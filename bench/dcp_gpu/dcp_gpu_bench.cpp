@@ -43,6 +43,7 @@ struct Args {
   int interleave = 1;
   int samples = 50, warmup = 10;
   bool baselines = true;
+  bool blocking = false;  // blocking NCCL communicators (default: non-blocking)
   std::string backend = "cuda";
   std::string markdown, json;
 };
@@ -52,7 +53,7 @@ struct Args {
   std::fprintf(stderr,
                "usage: mladcp_dcp_gpu_bench [--gpus N] [--check] [--grid] [--tokens T,..] [--context L,..]\n"
                "       [--merge a2a|ag-rs|both] [--heads H] [--block-size N] [--interleave I] [--samples N]\n"
-               "       [--warmup N] [--no-baselines] [--backend NAME] [--markdown FILE] [--json FILE]\n"
+               "       [--warmup N] [--no-baselines] [--blocking-comm] [--backend NAME] [--markdown FILE] [--json FILE]\n"
                "  --check  DCP vs single-GPU decode: both merge modes, eager and CUDA graph, empty shards, q_len 2, fp8\n"
                "  --grid   timing grid T in {1, 8, 64} x context in {32768, 131072}, both merge modes\n"
                "  Without --check or --grid: one timing run per --tokens x --context x --merge.\n");
@@ -91,6 +92,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--samples") a.samples = parse_ints(value()).at(0);
     else if (k == "--warmup") a.warmup = parse_ints(value()).at(0);
     else if (k == "--no-baselines") a.baselines = false;
+    else if (k == "--blocking-comm") a.blocking = true;
     else if (k == "--backend") a.backend = value();
     else if (k == "--markdown") a.markdown = value();
     else if (k == "--json") a.json = value();
@@ -245,7 +247,8 @@ std::string fmt(double v, int precision = 1) {
 std::string markdown(const std::vector<Row>& rows, int world, const Args& a) {
   std::ostringstream os;
   os << "## DCP step on " << world << " GPUs vs W=1 (backend " << a.backend << ", H=" << a.heads << ", block "
-     << a.block_size << ", I=" << a.interleave << ", bf16 KV, q_len 1; device time, median of " << a.samples
+     << a.block_size << ", I=" << a.interleave << ", bf16 KV, q_len 1, " << (a.blocking ? "blocking" : "non-blocking")
+     << " NCCL communicators; device time, median of " << a.samples
      << " after " << a.warmup << " warm-up, max over ranks)\n\n"
      << "Phases per layer in µs. eager-sync: the host waits (deadline-checked) after each exchange; eager: no host "
         "wait inside the step; graph: the whole step as one CUDA graph. W=1: all H heads over the whole cache on "
@@ -364,7 +367,7 @@ int main_impl(int argc, char** argv) {
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink SHARP stays off unless the caller decided otherwise
   const Args a = parse(argc, argv);
   RankGroup g;
-  const Status init = g.init(a.gpus);
+  const Status init = g.init(a.gpus, std::chrono::milliseconds(120000), a.blocking);
   if (!init.ok()) {
     std::fprintf(stderr, "mladcp_dcp_gpu_bench: %s\n", init.to_string().c_str());
     return 1;
@@ -374,9 +377,10 @@ int main_impl(int argc, char** argv) {
     int device = 0;
     cudaGetDevice(&device);
     cudaGetDeviceProperties(&prop, device);
-    std::printf("# mladcp DCP on GPUs: W=%d (%s), %s, NCCL %s, NCCL_NVLS_ENABLE=%s\n\n", g.world(),
-                g.under_mpi() ? "mpirun, one process per GPU" : "one process, one thread per GPU", prop.name,
-                nccl_version_string().c_str(), std::getenv("NCCL_NVLS_ENABLE"));
+    std::printf("# mladcp DCP on GPUs: W=%d (%s), %s, NCCL %s (%s communicators), NCCL_NVLS_ENABLE=%s\n\n",
+                g.world(), g.under_mpi() ? "mpirun, one process per GPU" : "one process, one thread per GPU",
+                prop.name, nccl_version_string().c_str(), a.blocking ? "blocking" : "non-blocking",
+                std::getenv("NCCL_NVLS_ENABLE"));
   }
   int rc = 0;
   if (a.check) {

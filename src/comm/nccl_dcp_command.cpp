@@ -60,7 +60,7 @@ RankGroup::~RankGroup() {
 #endif
 }
 
-Status RankGroup::init(int gpus, std::chrono::milliseconds setup_timeout) {
+Status RankGroup::init(int gpus, std::chrono::milliseconds setup_timeout, bool blocking) {
   if (!comms_.empty()) return invalid("RankGroup::init: already initialized");
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) {
@@ -70,6 +70,7 @@ Status RankGroup::init(int gpus, std::chrono::milliseconds setup_timeout) {
   if (devices == 0) return Status(StatusCode::kUnavailable, "no CUDA device visible");
   NcclOptions o;
   o.setup_timeout = setup_timeout;
+  o.blocking = blocking;
 #if MLADCP_HAVE_MPI
   int initialized = 0;
   MPI_Initialized(&initialized);

@@ -184,7 +184,11 @@ class PhaseRecorder {
     us->fill(0.0);
     for (int i = 0; i < count_; ++i) {
       float ms = 0;
-      DCP_GPU_CUDA(cudaEventElapsedTime(&ms, events_[2 * i].get(), events_[2 * i + 1].get()));
+      const cudaError_t e = cudaEventElapsedTime(&ms, events_[2 * i].get(), events_[2 * i + 1].get());
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();  // not sticky: keep it from surfacing in a later launch check
+        return cuda_status(e, "cudaEventElapsedTime (phase timing)");
+      }
       (*us)[phase_[i]] += 1000.0 * ms;
     }
     return Status::Ok();
@@ -194,7 +198,10 @@ class PhaseRecorder {
   void record(cudaEvent_t e) {
     const cudaError_t r =
         capturing_ ? cudaEventRecordWithFlags(e, stream_, cudaEventRecordExternal) : cudaEventRecord(e, stream_);
-    if (r != cudaSuccess && status_.ok()) status_ = cuda_status(r, "cudaEventRecord (phase timing)");
+    if (r != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (status_.ok()) status_ = cuda_status(r, "cudaEventRecord (phase timing)");
+    }
   }
 
   std::array<Event, 2 * kMaxIntervals> events_;

@@ -109,7 +109,9 @@ class RankGroup {
   RankGroup(const RankGroup&) = delete;
   RankGroup& operator=(const RankGroup&) = delete;
   ~RankGroup();
-  Status init(int gpus, std::chrono::milliseconds setup_timeout = std::chrono::milliseconds(120000));
+  // blocking: create blocking NCCL communicators (NCCL config blocking = 1) instead of non-blocking ones.
+  Status init(int gpus, std::chrono::milliseconds setup_timeout = std::chrono::milliseconds(120000),
+              bool blocking = false);
   int world() const { return comms_.empty() ? 0 : comms_[0]->world_size(); }
   // This process holds rank 0 (it prints).
   bool leader() const { return !comms_.empty() && comms_[0]->rank() == 0; }

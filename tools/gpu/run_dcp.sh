@@ -129,8 +129,18 @@ elif want grid; then
     timeout "$t_grid" $(use_mpi && echo "mpirun -np $gpus --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH") \
       "$bin/mladcp_dcp_gpu_bench" $(use_mpi || echo "--gpus $gpus") --grid --markdown "$out/grid.md" --json "$out/grid.json"
     echo "rc=$?"
+    # Eager cost of non-blocking NCCL (each call's enqueue is polled for): the same step on blocking
+    # communicators, when time remains.
+    t_blocking="$(allow 90 5)"
+    if [ "$t_blocking" -ge 40 ]; then
+      echo "## blocking NCCL communicators (eager comparison)"
+      timeout "$t_blocking" $(use_mpi && echo "mpirun -np $gpus --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH") \
+        "$bin/mladcp_dcp_gpu_bench" $(use_mpi || echo "--gpus $gpus") --blocking-comm --tokens 8,64 --context 32768 \
+        --merge a2a --no-baselines
+      echo "rc=$?"
+    fi
   } >"$out/grid.log" 2>&1
-  note "grid: $(tail -n 1 "$out/grid.log")"
+  note "grid: $(grep '^rc=' "$out/grid.log" | tr '\n' ' ')"
 fi
 
 {
