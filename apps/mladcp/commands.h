@@ -14,9 +14,14 @@ class App;
 namespace mladcp::cli {
 
 void add_backends_command(CLI::App& app);
+void add_dcp_command(CLI::App& app);
 void add_decode_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
 void add_version_command(CLI::App& app);
+
+// The DCP part of `mladcp demo`: runs `mladcp dcp --check` on 4 CPU ranks under mpirun and prints a summary
+// (a note when mpirun or MPI is missing). Defined in cmd_dcp.cpp.
+Status dcp_demo_section(int threads);
 
 // Makes `body` the work of subcommand `sub`. main() turns its Status into the exit code: 0 on success,
 // 2 for a bad argument (kInvalidArgument), 1 for any other failure; errors print as "mladcp: <message>".

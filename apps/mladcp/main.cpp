@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   add_backends_command(app);
+  add_dcp_command(app);
   add_decode_command(app);
   add_demo_command(app);
   add_version_command(app);

@@ -33,10 +33,11 @@ enum class MpiOwnership {
 
 struct MpiCommunicatorOptions {
   MpiOwnership ownership = MpiOwnership::kDuplicate;
-  // wait() polls MPI_Testall: busy for this long, then with growing sleeps (up to max_sleep) so that
-  // oversubscribed ranks leave the cores to the ranks doing work.
-  std::chrono::microseconds spin{200};
-  std::chrono::microseconds max_sleep{1000};
+  // wait() polls MPI_Testall (each call also progresses MPI's transfers): yielding the core between
+  // polls for up to `yield_for`, then sleeping between polls with growing sleeps up to `max_sleep`, so
+  // that a long wait on a slow peer does not burn a core that oversubscribed ranks need.
+  std::chrono::microseconds yield_for{1000};
+  std::chrono::microseconds max_sleep{100};
 };
 
 // Wraps `comm` (MPI must be initialized; the caller calls MPI_Finalize after destroying the wrapper).

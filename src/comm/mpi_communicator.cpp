@@ -38,8 +38,8 @@ Status MpiCommunicator::create(MPI_Comm comm, const MpiCommunicatorOptions& opti
     return Status(StatusCode::kUnavailable,
                   finalized ? "MPI is already finalized" : "MPI is not initialized: call MPI_Init first");
   if (comm == MPI_COMM_NULL) return detail::invalid("comm: MPI_COMM_NULL");
-  if (options.spin.count() < 0 || options.max_sleep.count() < 0)
-    return detail::invalid("options.spin / options.max_sleep: must be >= 0");
+  if (options.yield_for.count() < 0 || options.max_sleep.count() < 0)
+    return detail::invalid("options.yield_for / options.max_sleep: must be >= 0");
   MPI_Errhandler previous = MPI_ERRHANDLER_NULL;
   MPI_Comm use = comm;
   const bool own = options.ownership == MpiOwnership::kDuplicate;
@@ -177,7 +177,7 @@ Status MpiCommunicator::wait(std::chrono::milliseconds deadline) {
   if (pending_.empty()) return Status::Ok();
   const Clock::time_point start = Clock::now();
   const Clock::time_point end = start + deadline;
-  const Clock::time_point spin_end = start + options_.spin;
+  const Clock::time_point yield_end = start + options_.yield_for;
   std::chrono::microseconds sleep{10};
   std::vector<MPI_Status> statuses(pending_.size());
   for (;;) {
@@ -206,7 +206,10 @@ Status MpiCommunicator::wait(std::chrono::milliseconds deadline) {
       abort(s.message());
       return s;
     }
-    if (now < spin_end) continue;
+    if (now < yield_end) {
+      std::this_thread::yield();
+      continue;
+    }
     std::this_thread::sleep_for(
         std::min<std::chrono::microseconds>(sleep, std::chrono::duration_cast<std::chrono::microseconds>(end - now)));
     sleep = std::min(sleep * 2, std::max(options_.max_sleep, std::chrono::microseconds(1)));
