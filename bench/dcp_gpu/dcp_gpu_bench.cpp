@@ -26,7 +26,6 @@
 #include "comm/nccl_dcp_runner.h"
 #include "mladcp/nccl.h"
 
-
 namespace mladcp::dcp_gpu {
 namespace {
 
@@ -50,13 +49,14 @@ struct Args {
 
 [[noreturn]] void usage(const char* error) {
   if (error) std::fprintf(stderr, "mladcp_dcp_gpu_bench: %s\n", error);
-  std::fprintf(stderr,
-               "usage: mladcp_dcp_gpu_bench [--gpus N] [--check] [--grid] [--tokens T,..] [--context L,..]\n"
-               "       [--merge a2a|ag-rs|both] [--heads H] [--block-size N] [--interleave I] [--samples N]\n"
-               "       [--warmup N] [--no-baselines] [--blocking-comm] [--backend NAME] [--markdown FILE] [--json FILE]\n"
-               "  --check  DCP vs single-GPU decode: both merge modes, eager and CUDA graph, empty shards, q_len 2, fp8\n"
-               "  --grid   timing grid T in {1, 8, 64} x context in {32768, 131072}, both merge modes\n"
-               "  Without --check or --grid: one timing run per --tokens x --context x --merge.\n");
+  std::fprintf(
+      stderr,
+      "usage: mladcp_dcp_gpu_bench [--gpus N] [--check] [--grid] [--tokens T,..] [--context L,..]\n"
+      "       [--merge a2a|ag-rs|both] [--heads H] [--block-size N] [--interleave I] [--samples N]\n"
+      "       [--warmup N] [--no-baselines] [--blocking-comm] [--backend NAME] [--markdown FILE] [--json FILE]\n"
+      "  --check  DCP vs single-GPU decode: both merge modes, eager and CUDA graph, empty shards, q_len 2, fp8\n"
+      "  --grid   timing grid T in {1, 8, 64} x context in {32768, 131072}, both merge modes\n"
+      "  Without --check or --grid: one timing run per --tokens x --context x --merge.\n");
   std::exit(2);
 }
 
@@ -73,6 +73,12 @@ std::vector<int> parse_ints(const std::string& s) {
   return v;
 }
 
+int parse_int(const std::string& s) {
+  const std::vector<int> v = parse_ints(s);
+  if (v.size() != 1) usage(("expected one integer, got '" + s + "'").c_str());
+  return v[0];
+}
+
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -81,21 +87,36 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage((k + " needs a value").c_str());
       return argv[++i];
     };
-    if (k == "--gpus") a.gpus = parse_ints(value()).at(0);
-    else if (k == "--check") a.check = true;
-    else if (k == "--grid") a.grid = true;
-    else if (k == "--tokens") a.tokens = parse_ints(value());
-    else if (k == "--context") a.contexts = parse_ints(value());
-    else if (k == "--heads") a.heads = parse_ints(value()).at(0);
-    else if (k == "--block-size") a.block_size = parse_ints(value()).at(0);
-    else if (k == "--interleave") a.interleave = parse_ints(value()).at(0);
-    else if (k == "--samples") a.samples = parse_ints(value()).at(0);
-    else if (k == "--warmup") a.warmup = parse_ints(value()).at(0);
-    else if (k == "--no-baselines") a.baselines = false;
-    else if (k == "--blocking-comm") a.blocking = true;
-    else if (k == "--backend") a.backend = value();
-    else if (k == "--markdown") a.markdown = value();
-    else if (k == "--json") a.json = value();
+    if (k == "--gpus")
+      a.gpus = parse_int(value());
+    else if (k == "--check")
+      a.check = true;
+    else if (k == "--grid")
+      a.grid = true;
+    else if (k == "--tokens")
+      a.tokens = parse_ints(value());
+    else if (k == "--context")
+      a.contexts = parse_ints(value());
+    else if (k == "--heads")
+      a.heads = parse_int(value());
+    else if (k == "--block-size")
+      a.block_size = parse_int(value());
+    else if (k == "--interleave")
+      a.interleave = parse_int(value());
+    else if (k == "--samples")
+      a.samples = parse_int(value());
+    else if (k == "--warmup")
+      a.warmup = parse_int(value());
+    else if (k == "--no-baselines")
+      a.baselines = false;
+    else if (k == "--blocking-comm")
+      a.blocking = true;
+    else if (k == "--backend")
+      a.backend = value();
+    else if (k == "--markdown")
+      a.markdown = value();
+    else if (k == "--json")
+      a.json = value();
     else if (k == "--merge") {
       const std::string m = value();
       if (m == "both") {
@@ -159,9 +180,10 @@ std::vector<NamedCase> check_cases(const Args& a) {
 Status run_checks(RankGroup& g, const Args& a, bool* all_ok) {
   *all_ok = true;
   if (g.leader())
-    std::printf("## DCP check: W=%d vs single-GPU decode of the unsharded cache (backend %s, H=%d)\n\n"
-                "| case | merge | mode | max rel err out | max abs err lse | result |\n|---|---|---|---:|---:|---|\n",
-                g.world(), a.backend.c_str(), a.heads);
+    std::printf(
+        "## DCP check: W=%d vs single-GPU decode of the unsharded cache (backend %s, H=%d)\n\n"
+        "| case | merge | mode | max rel err out | max abs err lse | result |\n|---|---|---|---:|---:|---|\n",
+        g.world(), a.backend.c_str(), a.heads);
   for (const NamedCase& nc : check_cases(a)) {
     std::mutex mu;
     double worst[3] = {0, 0, 0};
@@ -176,9 +198,9 @@ Status run_checks(RankGroup& g, const Args& a, bool* all_ok) {
       return Status::Ok();
     });
     if (!s.ok()) {
-      if (g.leader()) std::printf("| %s | %s | %s | | | ERROR: %s |\n", nc.name.c_str(),
-                                  dcp_merge_mode_name(nc.c.merge_mode), nc.c.graph ? "graph" : "eager",
-                                  s.to_string().c_str());
+      if (g.leader())
+        std::printf("| %s | %s | %s | | | ERROR: %s |\n", nc.name.c_str(), dcp_merge_mode_name(nc.c.merge_mode),
+                    nc.c.graph ? "graph" : "eager", s.to_string().c_str());
       *all_ok = false;
       return s;
     }
@@ -198,8 +220,8 @@ Status run_checks(RankGroup& g, const Args& a, bool* all_ok) {
 struct Row {
   int tokens = 0, context = 0;
   DcpMergeMode merge = DcpMergeMode::kAllToAll;
-  TimingResult dcp;              // max over ranks
-  TimingResult single, tp;       // W = 1 with H heads, and with H/W heads (tensor-parallel attention)
+  TimingResult dcp;         // max over ranks
+  TimingResult single, tp;  // W = 1 with H heads, and with H/W heads (tensor-parallel attention)
   bool have_baselines = false;
 };
 
@@ -225,8 +247,8 @@ Status run_baselines(NcclCommunicator& world_comm, const Args& a, int tokens, in
     NcclOptions o;
     o.device = world_comm.device();
     std::unique_ptr<NcclCommunicator> solo;
-    MLADCP_RETURN_IF_ERROR(
-        create_nccl_communicator(0, 1, [](int, NcclUniqueId*) { return Status::Ok(); }, o, &solo));
+    MLADCP_RETURN_IF_ERROR(create_nccl_communicator(
+        0, 1, [](int, NcclUniqueId*) { return Status::Ok(); }, o, &solo));
     TimingCase t = timing_case(a, tokens, context, DcpMergeMode::kAllToAll);
     t.eager_sync = false;  // nothing to wait for with one rank
     MLADCP_RETURN_IF_ERROR(run_timing(*solo, t, &row->single));
@@ -248,13 +270,14 @@ std::string markdown(const std::vector<Row>& rows, int world, const Args& a) {
   std::ostringstream os;
   os << "## DCP step on " << world << " GPUs vs W=1 (backend " << a.backend << ", H=" << a.heads << ", block "
      << a.block_size << ", I=" << a.interleave << ", bf16 KV, q_len 1, " << (a.blocking ? "blocking" : "non-blocking")
-     << " NCCL communicators; device time, median of " << a.samples
-     << " after " << a.warmup << " warm-up, max over ranks)\n\n"
+     << " NCCL communicators; device time, median of " << a.samples << " after " << a.warmup
+     << " warm-up, max over ranks)\n\n"
      << "Phases per layer in µs. eager-sync: the host waits (deadline-checked) after each exchange; eager: no host "
         "wait inside the step; graph: the whole step as one CUDA graph. W=1: all H heads over the whole cache on "
         "one GPU; TP attn: H/W heads over the whole cache (what each GPU computes under tensor parallelism).\n\n"
      << "| T | ctx | merge | mode | step | q AG | attn | exch | merge | (exch+merge)/attn | W=1 step | TP attn | "
-        "step W2/W1 | step/TP | KV/GPU W=" << world << " GB | KV/GPU W=1 GB |\n"
+        "step W2/W1 | step/TP | KV/GPU W="
+     << world << " GB | KV/GPU W=1 GB |\n"
      << "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const Row& r : rows) {
     const PhaseTimes* modes[] = {&r.dcp.eager_sync, &r.dcp.eager, &r.dcp.graph};
@@ -278,7 +301,8 @@ std::string markdown(const std::vector<Row>& rows, int world, const Args& a) {
   }
   std::string notes;
   for (const Row& r : rows)
-    if (!r.dcp.note.empty()) notes += "- T=" + std::to_string(r.tokens) + " ctx=" + std::to_string(r.context) + ": " + r.dcp.note + "\n";
+    if (!r.dcp.note.empty())
+      notes += "- T=" + std::to_string(r.tokens) + " ctx=" + std::to_string(r.context) + ": " + r.dcp.note + "\n";
   if (!notes.empty()) os << "\nNotes:\n" << notes;
   return os.str();
 }
@@ -293,8 +317,8 @@ std::string json(const std::vector<Row>& rows, int world, const Args& a) {
            ", \"merge_us\": " + num(p.merge_us) + ", \"samples\": " + std::to_string(p.samples) + "}";
   };
   os << "{\"world\": " << world << ", \"backend\": \"" << a.backend << "\", \"heads\": " << a.heads
-     << ", \"block_size\": " << a.block_size << ", \"interleave\": " << a.interleave
-     << ", \"nccl\": \"" << nccl_version_string() << "\", \"rows\": [\n";
+     << ", \"block_size\": " << a.block_size << ", \"interleave\": " << a.interleave << ", \"nccl\": \""
+     << nccl_version_string() << "\", \"rows\": [\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     os << "  {\"tokens\": " << r.tokens << ", \"context\": " << r.context << ", \"merge\": \""
@@ -303,8 +327,8 @@ std::string json(const std::vector<Row>& rows, int world, const Args& a) {
        << ", \"graph\": " << phases(r.dcp.graph);
     if (r.have_baselines)
       os << ", \"w1\": {\"eager\": " << phases(r.single.eager) << ", \"graph\": " << phases(r.single.graph)
-         << ", \"kv_bytes\": " << r.single.kv_bytes_rank << "}, \"tp_attention\": {\"eager\": "
-         << phases(r.tp.eager) << ", \"graph\": " << phases(r.tp.graph) << "}";
+         << ", \"kv_bytes\": " << r.single.kv_bytes_rank << "}, \"tp_attention\": {\"eager\": " << phases(r.tp.eager)
+         << ", \"graph\": " << phases(r.tp.graph) << "}";
     os << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   os << "]}\n";
@@ -377,9 +401,9 @@ int main_impl(int argc, char** argv) {
     int device = 0;
     cudaGetDevice(&device);
     cudaGetDeviceProperties(&prop, device);
-    std::printf("# mladcp DCP on GPUs: W=%d (%s), %s, NCCL %s (%s communicators), NCCL_NVLS_ENABLE=%s\n\n",
-                g.world(), g.under_mpi() ? "mpirun, one process per GPU" : "one process, one thread per GPU",
-                prop.name, nccl_version_string().c_str(), a.blocking ? "blocking" : "non-blocking",
+    std::printf("# mladcp DCP on GPUs: W=%d (%s), %s, NCCL %s (%s communicators), NCCL_NVLS_ENABLE=%s\n\n", g.world(),
+                g.under_mpi() ? "mpirun, one process per GPU" : "one process, one thread per GPU", prop.name,
+                nccl_version_string().c_str(), a.blocking ? "blocking" : "non-blocking",
                 std::getenv("NCCL_NVLS_ENABLE"));
   }
   int rc = 0;

@@ -18,7 +18,8 @@ Status create_nccl_communicator_mpi(const void* mpi_comm, const NcclOptions& opt
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (!initialized || finalized)
-    return Status(StatusCode::kUnavailable, "create_nccl_communicator_mpi: MPI is not initialized (call MPI_Init first)");
+    return Status(StatusCode::kUnavailable,
+                  "create_nccl_communicator_mpi: MPI is not initialized (call MPI_Init first)");
   const MPI_Comm comm = mpi_comm ? *static_cast<const MPI_Comm*>(mpi_comm) : MPI_COMM_WORLD;
   int rank = 0, size = 0;
   if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS || MPI_Comm_size(comm, &size) != MPI_SUCCESS)

@@ -75,8 +75,9 @@ Status wait_until_ready(Driver& driver, const std::vector<ncclComm_t>& comms, Cl
     }
     if (!in_progress) return Status::Ok();
     if (Clock::now() >= limit)
-      return Status(StatusCode::kTimeout, cat(who, ": communicator creation did not finish in time (did every rank "
-                                                   "join with the same unique id and world size?)"));
+      return Status(StatusCode::kTimeout, cat(who,
+                                              ": communicator creation did not finish in time (did every rank "
+                                              "join with the same unique id and world size?)"));
     backoff.pause();
   }
 }
@@ -90,9 +91,8 @@ Status check_setup_options(const NcclOptions& options) {
 Status count_devices(Driver& driver, int* count) {
   const cudaError_t e = driver.device_count(count);
   if (e != cudaSuccess || *count <= 0)
-    return Status(StatusCode::kUnavailable,
-                  cat("no CUDA device visible (cudaGetDeviceCount: ",
-                      e == cudaSuccess ? "0 devices" : driver.cuda_error_string(e), ")"));
+    return Status(StatusCode::kUnavailable, cat("no CUDA device visible (cudaGetDeviceCount: ",
+                                                e == cudaSuccess ? "0 devices" : driver.cuda_error_string(e), ")"));
   return Status::Ok();
 }
 
@@ -154,7 +154,8 @@ NcclCommunicatorImpl::~NcclCommunicatorImpl() {
     Backoff backoff;
     while (clean) {
       ncclResult_t state = ncclSuccess;
-      if (driver_->comm_get_async_error(comm_, &state) != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+      if (driver_->comm_get_async_error(comm_, &state) != ncclSuccess ||
+          (state != ncclSuccess && state != ncclInProgress)) {
         clean = false;
         break;
       }
@@ -177,7 +178,9 @@ NcclCommunicatorImpl::~NcclCommunicatorImpl() {
   if (previous >= 0) (void)driver_->set_device(previous);
 }
 
-std::string NcclCommunicatorImpl::who() const { return cat("nccl rank ", rank_, "/", world_, " (device ", device_, ")"); }
+std::string NcclCommunicatorImpl::who() const {
+  return cat("nccl rank ", rank_, "/", world_, " (device ", device_, ")");
+}
 
 Status NcclCommunicatorImpl::unavailable_locked() const {
   return Status(StatusCode::kUnavailable, cat(who(), ": communicator unusable after: ", failure_.to_string()));
@@ -194,9 +197,14 @@ Status NcclCommunicatorImpl::fail_locked(Status status) {
       (void)driver_->comm_abort(comm_);
     } else {
       switch (options_.adopted_fault_policy) {
-        case NcclAdoptedFaultPolicy::kRevoke: (void)driver_->comm_revoke(comm_); break;
-        case NcclAdoptedFaultPolicy::kAbort: (void)driver_->comm_abort(comm_); break;
-        case NcclAdoptedFaultPolicy::kNone: break;
+        case NcclAdoptedFaultPolicy::kRevoke:
+          (void)driver_->comm_revoke(comm_);
+          break;
+        case NcclAdoptedFaultPolicy::kAbort:
+          (void)driver_->comm_abort(comm_);
+          break;
+        case NcclAdoptedFaultPolicy::kNone:
+          break;
       }
     }
     comm_ = nullptr;
@@ -207,7 +215,8 @@ Status NcclCommunicatorImpl::fail_locked(Status status) {
 }
 
 Status NcclCommunicatorImpl::check_buffer(const void* ptr, const char* what) const {
-  if (!ptr) return detail::invalid(what, ": null (the nccl communicator needs a device buffer of device ", device_, ")");
+  if (!ptr)
+    return detail::invalid(what, ": null (the nccl communicator needs a device buffer of device ", device_, ")");
   if (!options_.check_pointers) return Status::Ok();
   bool device_memory = false;
   int device = -1;
@@ -248,8 +257,8 @@ Status NcclCommunicatorImpl::resolve_in_progress_locked(Clock::time_point limit,
       return Status::Ok();
     }
     if (state != ncclInProgress)
-      return fail_locked(Status(status_code_of(state), cat(who(), ": ", what, " failed: ",
-                                                           nccl_error_text(*driver_, comm_, state))));
+      return fail_locked(
+          Status(status_code_of(state), cat(who(), ": ", what, " failed: ", nccl_error_text(*driver_, comm_, state))));
     if (Clock::now() >= limit)
       return fail_locked(Status(StatusCode::kTimeout, cat(who(), ": ", what,
                                                           " was still being enqueued when its time ran out; "
@@ -266,9 +275,9 @@ Status NcclCommunicatorImpl::after_call_locked(ncclResult_t result, const char* 
       return resolve_in_progress_locked(Clock::now() + options_.setup_timeout, call);
     return Status::Ok();
   }
-  return fail_locked(Status(status_code_of(result),
-                            cat(who(), ": ", call, " failed: ", nccl_error_text(*driver_, comm_, result),
-                                "; communicator aborted")));
+  return fail_locked(
+      Status(status_code_of(result),
+             cat(who(), ": ", call, " failed: ", nccl_error_text(*driver_, comm_, result), "; communicator aborted")));
 }
 
 Status NcclCommunicatorImpl::all_gather(const void* send, void* recv, size_t bytes) {
@@ -328,8 +337,8 @@ Status NcclCommunicatorImpl::group_start() {
   if (failed_.load()) return unavailable_locked();
   const ncclResult_t r = driver_->group_start();
   if (r != ncclSuccess)
-    return fail_locked(Status(status_code_of(r), cat(who(), ": ncclGroupStart failed: ",
-                                                     nccl_error_text(*driver_, comm_, r))));
+    return fail_locked(
+        Status(status_code_of(r), cat(who(), ": ncclGroupStart failed: ", nccl_error_text(*driver_, comm_, r))));
   ++group_depth_;
   return Status::Ok();
 }
@@ -381,9 +390,10 @@ Status NcclCommunicatorImpl::wait(std::chrono::milliseconds deadline) {
                                                             driver_->cuda_error_string(e), "; communicator aborted")));
     MLADCP_RETURN_IF_ERROR(check_async_error_locked("wait"));
     if (Clock::now() >= limit)
-      return fail_locked(Status(StatusCode::kTimeout,
-                                cat(who(), ": ", ops, " operation(s) did not complete within ", to_ms(deadline),
-                                    " ms (a peer stalled, died or issued different operations); communicator aborted")));
+      return fail_locked(
+          Status(StatusCode::kTimeout,
+                 cat(who(), ": ", ops, " operation(s) did not complete within ", to_ms(deadline),
+                     " ms (a peer stalled, died or issued different operations); communicator aborted")));
     // Let abort() from another thread in between polls.
     lock.unlock();
     backoff.pause();
@@ -514,7 +524,8 @@ Status create_single_process(const std::shared_ptr<Driver>& driver, const std::v
   for (int i = 0; i < world && status.ok(); ++i) {
     const cudaError_t e = driver->set_device(devices[i]);
     if (e != cudaSuccess) {
-      status = Status(StatusCode::kCudaError, cat(who, ": cudaSetDevice(", devices[i], "): ", driver->cuda_error_string(e)));
+      status =
+          Status(StatusCode::kCudaError, cat(who, ": cudaSetDevice(", devices[i], "): ", driver->cuda_error_string(e)));
       break;
     }
     config = make_config(options);

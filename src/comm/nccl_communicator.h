@@ -103,8 +103,8 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
 
   mutable std::mutex mu_;
   std::atomic<bool> failed_{false};
-  Status failure_;          // the first failure (kUnavailable is returned with its message)
-  int group_depth_ = 0;     // this communicator's open group_start() calls
+  Status failure_;                // the first failure (kUnavailable is returned with its message)
+  int group_depth_ = 0;           // this communicator's open group_start() calls
   bool enqueue_pending_ = false;  // an NCCL call returned ncclInProgress, not yet resolved
   int pending_ops_ = 0;
 };

@@ -94,7 +94,8 @@ Status RankGroup::init(int gpus, std::chrono::milliseconds setup_timeout, bool b
   }
 #endif
   const int n = gpus > 0 ? gpus : devices;
-  if (n > devices) return Status(StatusCode::kUnavailable, cat("--gpus=", n, ": only ", devices, " CUDA device(s) visible"));
+  if (n > devices)
+    return Status(StatusCode::kUnavailable, cat("--gpus=", n, ": only ", devices, " CUDA device(s) visible"));
   std::vector<int> ids(n);
   for (int i = 0; i < n; ++i) ids[i] = i;
   return create_nccl_communicators_single_process(ids, o, &comms_);
@@ -117,7 +118,8 @@ Status RankGroup::each(const std::function<Status(NcclCommunicator&)>& body) {
 Status run_command(const CommandOptions& o) {
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink SHARP stays off unless the caller decided otherwise
   const std::optional<DType> kv = parse_dtype(o.kv_dtype);
-  if (!kv || (*kv != DType::kBF16 && *kv != DType::kFP8E4M3)) return invalid("--kv-dtype=", o.kv_dtype, ": accepted bf16, fp8");
+  if (!kv || (*kv != DType::kBF16 && *kv != DType::kFP8E4M3))
+    return invalid("--kv-dtype=", o.kv_dtype, ": accepted bf16, fp8");
   const std::optional<DType> out = parse_dtype(o.out_dtype);
   if (!out || (*out != DType::kBF16 && *out != DType::kFP32))
     return invalid("--out-dtype=", o.out_dtype, ": accepted bf16, fp32");
@@ -130,8 +132,7 @@ Status run_command(const CommandOptions& o) {
   RankGroup group;
   MLADCP_RETURN_IF_ERROR(group.init(o.gpus));
   const int W = group.world();
-  if (o.heads % W != 0)
-    return invalid("--heads=", o.heads, ": must be a multiple of the number of GPUs (", W, ")");
+  if (o.heads % W != 0) return invalid("--heads=", o.heads, ": must be a multiple of the number of GPUs (", W, ")");
   const std::chrono::milliseconds deadline(o.deadline_ms);
 
   CheckCase cc;
@@ -245,10 +246,11 @@ Status run_command(const CommandOptions& o) {
                     us(p->attention_us).c_str(), us(p->exchange_us).c_str(), us(p->merge_us).c_str());
     if (!timing.note.empty()) std::printf("  note      %s\n", timing.note.c_str());
     if (o.check)
-      std::printf("  check     every GPU's heads vs single-GPU decode of the unsharded cache (eager and CUDA graph): "
-                  "out max abs err %.3g, max rel err %.3g (tolerance %.3g)%s: %s\n",
-                  check[1], check[2], test::output_tolerance(*out).rel,
-                  o.lse ? cat(", LSE max abs err ", check[3]).c_str() : "", pass ? "PASS" : "FAIL");
+      std::printf(
+          "  check     every GPU's heads vs single-GPU decode of the unsharded cache (eager and CUDA graph): "
+          "out max abs err %.3g, max rel err %.3g (tolerance %.3g)%s: %s\n",
+          check[1], check[2], test::output_tolerance(*out).rel,
+          o.lse ? cat(", LSE max abs err ", check[3]).c_str() : "", pass ? "PASS" : "FAIL");
   }
   if (o.check && !pass) return Status::Internal("DCP check failed: some GPU differs from the single-GPU decode");
   return Status::Ok();

@@ -135,10 +135,18 @@ std::vector<uint8_t> random_values(size_t count, DType dtype, uint64_t seed) {
   for (size_t i = 0; i < count; ++i) {
     const float v = rng.uniform();
     switch (dtype) {
-      case DType::kBF16: reinterpret_cast<uint16_t*>(bytes.data())[i] = numeric::float_to_bf16(v); break;
-      case DType::kFP16: reinterpret_cast<uint16_t*>(bytes.data())[i] = numeric::float_to_fp16(v); break;
-      case DType::kFP32: reinterpret_cast<float*>(bytes.data())[i] = v; break;
-      case DType::kFP8E4M3: bytes[i] = numeric::float_to_fp8e4m3(v); break;
+      case DType::kBF16:
+        reinterpret_cast<uint16_t*>(bytes.data())[i] = numeric::float_to_bf16(v);
+        break;
+      case DType::kFP16:
+        reinterpret_cast<uint16_t*>(bytes.data())[i] = numeric::float_to_fp16(v);
+        break;
+      case DType::kFP32:
+        reinterpret_cast<float*>(bytes.data())[i] = v;
+        break;
+      case DType::kFP8E4M3:
+        bytes[i] = numeric::float_to_fp8e4m3(v);
+        break;
     }
   }
   return bytes;
@@ -434,7 +442,8 @@ Status run_check(NcclCommunicator& comm, const CheckCase& c, CheckResult* result
     GraphExecs graphs;
     graphs.execs.resize(1, nullptr);
     comm.set_wait_for_completion(false);
-    const Status captured = capture(stream, [&] { return decoder->decode(local, ctx); }, &graphs.execs[0]);
+    const Status captured = capture(
+        stream, [&] { return decoder->decode(local, ctx); }, &graphs.execs[0]);
     comm.set_wait_for_completion(true);
     MLADCP_RETURN_IF_ERROR(agree_ok(comm, captured, c.deadline, "capturing the DCP step"));
     DCP_GPU_CUDA(cudaGraphLaunch(graphs.execs[0], stream));
@@ -492,10 +501,10 @@ Status run_check(NcclCommunicator& comm, const CheckCase& c, CheckResult* result
                   kLatentDim * sizeof(float));
       want_lse[size_t(t) * Hl + j] = ref_lse[size_t(t) * H + h];
     }
-  result->out = test::compare(result->out_values, want_out, test::output_tolerance(c.out_dtype),
-                              cat("out (", dtype_name(c.out_dtype), ", rank ", r, " heads ", r * Hl, "..",
-                                  (r + 1) * Hl - 1, ")"),
-                              {T, Hl, kLatentDim});
+  result->out =
+      test::compare(result->out_values, want_out, test::output_tolerance(c.out_dtype),
+                    cat("out (", dtype_name(c.out_dtype), ", rank ", r, " heads ", r * Hl, "..", (r + 1) * Hl - 1, ")"),
+                    {T, Hl, kLatentDim});
   result->ok = result->out.ok;
   std::string report = cat(what, "\n  ", result->out.report);
   if (c.with_lse) {
@@ -551,8 +560,8 @@ Status run_timing(NcclCommunicator& comm, const TimingCase& c, TimingResult* res
     const std::vector<uint8_t> host = random_values(tile / esize, c.kv_dtype, c.seed * 7919 + size_t(r));
     DCP_GPU_CUDA(cudaMemcpy(d_kv.data(), host.data(), tile, cudaMemcpyHostToDevice));
     for (size_t off = tile; off < total; off += tile)
-      DCP_GPU_CUDA(cudaMemcpy(d_kv.as<uint8_t>() + off, d_kv.data(), std::min(tile, total - off),
-                              cudaMemcpyDeviceToDevice));
+      DCP_GPU_CUDA(
+          cudaMemcpy(d_kv.as<uint8_t>() + off, d_kv.data(), std::min(tile, total - off), cudaMemcpyDeviceToDevice));
   }
   std::vector<int32_t> ids(num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
@@ -657,8 +666,8 @@ Status run_timing(NcclCommunicator& comm, const TimingCase& c, TimingResult* res
   // CUDA graph: the whole step (query all-gather, decode, exchange, merge) captured once per cache
   // copy; a sample replays graph_batch steps back to back between two events.
   if (c.graph) {
-    Status captured = graph_safe ? Status::Ok()
-                                 : Status::Unsupported(cat("backend '", c.backend, "' is not cuda_graph_safe"));
+    Status captured =
+        graph_safe ? Status::Ok() : Status::Unsupported(cat("backend '", c.backend, "' is not cuda_graph_safe"));
     GraphExecs graphs;
     graphs.execs.assign(copies, nullptr);
     comm.set_wait_for_completion(false);
@@ -685,7 +694,8 @@ Status run_timing(NcclCommunicator& comm, const TimingCase& c, TimingResult* res
       for (int i = 0; i < c.samples; ++i) {
         MLADCP_RETURN_IF_ERROR(barrier(comm, c.deadline));
         DCP_GPU_CUDA(cudaEventRecord(start.get(), stream));
-        for (int k = 0; k < c.graph_batch; ++k) DCP_GPU_CUDA(cudaGraphLaunch(graphs.execs[rotation++ % copies], stream));
+        for (int k = 0; k < c.graph_batch; ++k)
+          DCP_GPU_CUDA(cudaGraphLaunch(graphs.execs[rotation++ % copies], stream));
         DCP_GPU_CUDA(cudaEventRecord(stop.get(), stream));
         MLADCP_RETURN_IF_ERROR(wait_event(stop.get(), comm, limit(), "graph replays of the DCP step"));
         float ms = 0;

@@ -31,8 +31,8 @@ struct CheckCase {
   DcpMergeMode merge_mode = DcpMergeMode::kAllToAll;
   int interleave = 1;
   DType out_dtype = DType::kBF16;
-  bool with_lse = true;   // also return and check the merged LSE
-  bool graph = false;     // capture the step in a CUDA graph and replay it (instead of running it eagerly)
+  bool with_lse = true;  // also return and check the merged LSE
+  bool graph = false;    // capture the step in a CUDA graph and replay it (instead of running it eagerly)
   std::string backend = "cuda";
   std::chrono::milliseconds deadline{30000};
 };
@@ -41,7 +41,7 @@ struct CheckResult {
   bool ok = false;
   std::string report;  // the output (and LSE) comparison for this rank's heads, with seed and shape
   test::Comparison out, lse;
-  size_t kv_bytes_rank = 0;      // bytes of this rank's cache that hold its tokens
+  size_t kv_bytes_rank = 0;       // bytes of this rank's cache that hold its tokens
   std::vector<float> out_values;  // this rank's DCP output [T, H/W, 512] widened to fp32 (bit-exact)
   std::vector<float> lse_values;  // [T, H/W] when with_lse
 };
@@ -50,7 +50,7 @@ struct CheckResult {
 Status run_check(NcclCommunicator& comm, const CheckCase& c, CheckResult* result);
 
 struct TimingCase {
-  int num_seqs = 1;     // B; T = B · q_len query tokens
+  int num_seqs = 1;  // B; T = B · q_len query tokens
   int q_len = 1;
   int num_heads = 128;  // H (all heads); each rank owns H / W
   int context = 32768;  // global length of every sequence
@@ -58,12 +58,12 @@ struct TimingCase {
   int interleave = 1;
   DType kv_dtype = DType::kBF16;
   DcpMergeMode merge_mode = DcpMergeMode::kAllToAll;
-  bool eager_sync = true;   // eager, host waits (with the deadline) after each exchange
-  bool eager = true;        // eager, no host wait inside the step
-  bool graph = true;        // the step captured in a CUDA graph
+  bool eager_sync = true;  // eager, host waits (with the deadline) after each exchange
+  bool eager = true;       // eager, no host wait inside the step
+  bool graph = true;       // the step captured in a CUDA graph
   int warmup = 10;
   int samples = 50;
-  int graph_batch = 5;      // graph replays back to back per sample
+  int graph_batch = 5;  // graph replays back to back per sample
   // The KV cache is replicated and the copies rotated so that consecutive steps read at least this
   // many distinct bytes (more than the L2), as a real model's layers do.
   size_t rotation_bytes = size_t(256) << 20;
@@ -84,7 +84,7 @@ struct TimingResult {
   size_t kv_bytes_rank = 0;       // bytes of this rank's cache that hold its tokens (one copy)
   size_t kv_bytes_allocated = 0;  // including rotation copies
   int rotation_copies = 1;
-  std::string note;               // why a mode was skipped, if one was
+  std::string note;  // why a mode was skipped, if one was
 };
 
 Status run_timing(NcclCommunicator& comm, const TimingCase& c, TimingResult* result);
@@ -137,7 +137,7 @@ struct CommandOptions {
   int deadline_ms = 60000;
   uint64_t seed = 1;
   bool check = false, json = false;
-  int gpus = 0;   // single-process mode: GPUs (0: all visible); ignored under mpirun
+  int gpus = 0;  // single-process mode: GPUs (0: all visible); ignored under mpirun
 };
 Status run_command(const CommandOptions& o);
 

@@ -59,8 +59,8 @@ std::vector<Status> on_every_rank(int world, const std::function<Status(int)>& b
   return status;
 }
 
-#define EXPECT_ALL_OK(statuses)                                                   \
-  for (size_t rank_ = 0; rank_ < (statuses).size(); ++rank_)                     \
+#define EXPECT_ALL_OK(statuses)                              \
+  for (size_t rank_ = 0; rank_ < (statuses).size(); ++rank_) \
   EXPECT_TRUE((statuses)[rank_].ok()) << "rank " << rank_ << ": " << (statuses)[rank_].to_string()
 
 class DcpGpuTest : public ::testing::Test {
@@ -159,7 +159,8 @@ TEST_F(DcpGpuTest, CollectivesMoveTheRightBytes) {
       for (int src = 0; src < 2 && s.ok(); ++src)
         for (size_t i = 0; i < kBytes; ++i)
           if (recv[src * kBytes + i] != uint8_t((src * 31 + i) % 251)) {
-            s = Status::Internal("all_gather: wrong byte from rank " + std::to_string(src) + " at " + std::to_string(i));
+            s = Status::Internal("all_gather: wrong byte from rank " + std::to_string(src) + " at " +
+                                 std::to_string(i));
             break;
           }
       for (size_t i = 0; i < kCount && s.ok(); ++i) {

@@ -20,12 +20,12 @@ class FakeNcclDriver final : public nccl_detail::Driver {
   int devices = 2;
   int current_device = 0;
   bool all_to_all_available = true;
-  int init_polls_in_progress = 2;   // polls a new communicator stays ncclInProgress (-1: forever)
+  int init_polls_in_progress = 2;  // polls a new communicator stays ncclInProgress (-1: forever)
   ncclResult_t init_result = ncclInProgress;
   ncclResult_t next_op_result = ncclSuccess;  // what the next collective/p2p call returns (then reset)
-  int op_polls_in_progress = 0;     // after an op returned ncclInProgress: polls until ncclSuccess
-  ncclResult_t async_error = ncclSuccess;  // injected communicator error (reported by polls)
-  int event_polls_not_ready = 0;    // cudaEventQuery answers NotReady this many times (-1: forever)
+  int op_polls_in_progress = 0;               // after an op returned ncclInProgress: polls until ncclSuccess
+  ncclResult_t async_error = ncclSuccess;     // injected communicator error (reported by polls)
+  int event_polls_not_ready = 0;              // cudaEventQuery answers NotReady this many times (-1: forever)
   bool capturing = false;
   std::map<const void*, int> device_buffers;  // pointer -> device; anything else is host memory
 
@@ -110,10 +110,14 @@ class FakeNcclDriver final : public nccl_detail::Driver {
   const char* last_error(ncclComm_t) override { return "fake last error"; }
   const char* error_string(ncclResult_t r) override {
     switch (r) {
-      case ncclSuccess: return "success";
-      case ncclRemoteError: return "remote process exited or there was a network error";
-      case ncclInProgress: return "in progress";
-      default: return "fake nccl error";
+      case ncclSuccess:
+        return "success";
+      case ncclRemoteError:
+        return "remote process exited or there was a network error";
+      case ncclInProgress:
+        return "in progress";
+      default:
+        return "fake nccl error";
     }
   }
 

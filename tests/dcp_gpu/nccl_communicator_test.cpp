@@ -1,5 +1,7 @@
 // The NCCL communicator's logic on a scripted driver (no GPU needed): argument validation, creation
 // paths, enqueue in progress, deadlines, aborts, fault policies and graph capture.
+#include "comm/nccl_communicator.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -7,7 +9,6 @@
 #include <cstring>
 #include <thread>
 
-#include "comm/nccl_communicator.h"
 #include "dcp_gpu/fake_nccl_driver.h"
 
 namespace mladcp {
@@ -94,13 +95,14 @@ TEST_F(NcclCommunicatorTest, NoDeviceIsUnavailable) {
 TEST_F(NcclCommunicatorTest, BroadcastCarriesRankZerosId) {
   NcclUniqueId root;
   auto c0 = std::unique_ptr<NcclCommunicator>();
-  ASSERT_TRUE(create_communicator(driver, 0, 2,
-                                  [&](int rank, NcclUniqueId* id) {
-                                    EXPECT_EQ(rank, 0);
-                                    root = *id;  // rank 0 publishes
-                                    return Status::Ok();
-                                  },
-                                  fast_options(), &c0)
+  ASSERT_TRUE(create_communicator(
+                  driver, 0, 2,
+                  [&](int rank, NcclUniqueId* id) {
+                    EXPECT_EQ(rank, 0);
+                    root = *id;  // rank 0 publishes
+                    return Status::Ok();
+                  },
+                  fast_options(), &c0)
                   .ok());
   std::unique_ptr<NcclCommunicator> c1;
   ASSERT_TRUE(create_communicator(driver, 1, 2, copy_from(&root), fast_options(), &c1).ok());
@@ -195,7 +197,8 @@ TEST_F(NcclCommunicatorTest, PointerChecksCanBeTurnedOff) {
 TEST_F(NcclCommunicatorTest, OperationsMapToNcclWithTheRightCounts) {
   auto c = make();
   ASSERT_TRUE(c->all_gather(send_buf, recv_buf, 100).ok());
-  ASSERT_TRUE(c->reduce_scatter_sum_f32(reinterpret_cast<const float*>(send_buf), reinterpret_cast<float*>(recv_buf), 7).ok());
+  ASSERT_TRUE(
+      c->reduce_scatter_sum_f32(reinterpret_cast<const float*>(send_buf), reinterpret_cast<float*>(recv_buf), 7).ok());
   ASSERT_TRUE(c->all_to_all(send_buf, recv_buf, 64).ok());
   ASSERT_EQ(driver->calls.size(), 3u);
   EXPECT_EQ(driver->calls[0].name, "all_gather");
@@ -317,7 +320,8 @@ TEST_F(NcclCommunicatorTest, RemoteErrorDuringWaitIsReported) {
 TEST_F(NcclCommunicatorTest, NcclCallErrorAbortsWithCommError) {
   auto c = make();
   driver->next_op_result = ncclInternalError;
-  const Status s = c->reduce_scatter_sum_f32(reinterpret_cast<const float*>(send_buf), reinterpret_cast<float*>(recv_buf), 4);
+  const Status s =
+      c->reduce_scatter_sum_f32(reinterpret_cast<const float*>(send_buf), reinterpret_cast<float*>(recv_buf), 4);
   EXPECT_EQ(s.code(), StatusCode::kCommError) << s.to_string();
   EXPECT_NE(s.message().find("ncclReduceScatter"), std::string::npos) << s.message();
   EXPECT_EQ(c->health().code(), StatusCode::kUnavailable);
