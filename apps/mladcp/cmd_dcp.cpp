@@ -27,6 +27,9 @@
 #include "core/validate.h"
 #include "mladcp/dcp.h"
 #include "mladcp/mpi.h"
+#if MLADCP_CLI_HAVE_NCCL_DCP
+#include "comm/nccl_dcp_runner.h"
+#endif
 
 namespace mladcp::cli {
 namespace {
@@ -52,6 +55,7 @@ struct DcpOptions {
   uint64_t seed = 1;
   bool check = false;
   bool json = false;
+  int gpus = 0;  // device backends outside mpirun: GPUs of this process (0: all visible)
 };
 
 double median(std::vector<double> v) {
@@ -86,8 +90,8 @@ Status parse(const DcpOptions& o, int world, synthetic::Config* cfg, DType* out_
     return invalid("--backend=", o.backend, ": unknown; registered: ", names);
   }
   if (b->capabilities().device != Device::kHost)
-    return invalid("--backend=", o.backend,
-                   ": runs on a GPU, but `mladcp dcp` exchanges host memory over MPI; use a host backend (cpu)");
+    return invalid("--backend=", o.backend, ": a device backend needs the NCCL communicator, which this build lacks; ",
+                   "use a host backend (cpu) over MPI");
   cfg->num_seqs = o.batch;
   cfg->q_len = o.q_len;
   cfg->num_heads = o.heads;
@@ -489,11 +493,41 @@ void add_dcp_command(CLI::App& app) {
   sub->add_option("--seed", o->seed, "Seed of the synthetic data")->capture_default_str();
   sub->add_flag("--check", o->check, "Compare every rank's heads with a single-rank decode; exit 1 on a mismatch");
   sub->add_flag("--json", o->json, "Print JSON (rank 0)");
+  sub->add_option("--gpus", o->gpus,
+                  "Device backends started without mpirun: GPUs driven by this process, one rank each (0: all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 10));
   set_command_body(sub, [o] {
+#if MLADCP_CLI_HAVE_NCCL_DCP
+    // A device backend: the same step over NCCL on GPUs (one rank per GPU, under mpirun or in-process).
+    std::unique_ptr<Backend> b;
+    if (create_backend(o->backend, &b).ok() && b->capabilities().device == Device::kCuda) {
+      dcp_gpu::CommandOptions g;
+      g.backend = o->backend;
+      g.heads = o->heads;
+      g.batch = o->batch;
+      g.context = o->context;
+      g.q_len = o->q_len;
+      g.block_size = o->block_size;
+      g.kv_dtype = o->kv_dtype;
+      g.out_dtype = o->out_dtype;
+      g.merge = o->merge;
+      g.interleave = o->interleave;
+      g.lse = o->lse;
+      g.iters = o->iters;
+      g.deadline_ms = o->deadline_ms;
+      g.seed = o->seed;
+      g.check = o->check;
+      g.json = o->json;
+      g.gpus = o->gpus;
+      return dcp_gpu::run_command(g);
+    }
+#endif
 #if MLADCP_HAVE_MPI
     return run_dcp_command(*o);
 #else
-    return Status::Unsupported("`mladcp dcp` needs MPI, and this build has none (install Open MPI and rebuild)");
+    return Status::Unsupported("`mladcp dcp` on host backends needs MPI, and this build has none (install Open MPI "
+                               "and rebuild)");
 #endif
   });
 }
