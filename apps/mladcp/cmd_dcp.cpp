@@ -415,6 +415,7 @@ Status dcp_demo_section(int threads) {
   const std::string cmd = "mpirun -np " + std::to_string(kRanks) + flags + " '" + self_path() +
                           "' dcp --check --json --heads 128 --batch 2 --context 4096" +
                           (threads > 0 ? " --threads " + std::to_string(threads) : std::string()) + " 2>&1";
+  std::fflush(stdout);  // what the demo printed so far comes first
   progress("starting " + std::to_string(kRanks) + " CPU ranks: " + cmd.substr(0, cmd.size() - 5));
   const std::string out = run_capture(cmd, &rc);
   const size_t brace = out.find('{');
