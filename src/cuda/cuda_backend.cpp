@@ -1,0 +1,243 @@
+// The "cuda" backend: validation, the split plan and the launches (host code).
+#include "cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "core/validate.h"
+#include "cuda/cuda_capabilities.h"
+#include "cuda/cuda_status.h"
+#include "cuda/decode_kernels.h"
+#include "cuda/decode_plan.h"
+#include "cuda/state_kernels.h"
+
+namespace mladcp {
+
+using detail::invalid;
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+namespace {
+
+bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+// Per-device facts the launches need, read once per device (outside any stream capture: the first
+// decode on a device must not be captured... it may be, since none of this is a stream operation).
+struct DeviceState {
+  Status status;
+  size_t smem_optin = 0;
+};
+
+Status device_state(int device, DeviceState* out) {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<DeviceState>> states;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0) return invalid("device=", device, ": no current CUDA device");
+  if (size_t(device) >= states.size()) states.resize(size_t(device) + 1);
+  if (!states[size_t(device)]) {
+    auto s = std::make_unique<DeviceState>();
+    int optin = 0;
+    s->status = cuda_status(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                            "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+    s->smem_optin = size_t(optin);
+    if (s->status.ok()) s->status = cuda_impl::prepare_decode_kernels(s->smem_optin);
+    states[size_t(device)] = std::move(s);
+  }
+  *out = *states[size_t(device)];
+  return out->status;
+}
+
+Status current_device_state(DeviceState* out) {
+  int device = -1;
+  MLADCP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  return device_state(device, out);
+}
+
+// Device-specific checks of a call that passed validate_decode (p has default strides).
+Status check_device_layout(const MlaDecodeParams& p) {
+  if (p.max_seq_len <= 0)
+    return invalid("max_seq_len=", p.max_seq_len,
+                   ": the cuda backend sizes its grid from it without reading seq_lens; pass an upper bound of "
+                   "seq_lens (> 0)");
+  if (!aligned(p.q, 16)) return invalid("q: address must be 16-byte aligned");
+  if (p.q_stride_token % 8 || p.q_stride_head % 8 || p.q_stride_group % 8)
+    return invalid("q strides (token ", p.q_stride_token, ", head ", p.q_stride_head, ", group ", p.q_stride_group,
+                   "): must be multiples of 8 elements (16-byte rows)");
+  const int64_t kv_align = p.kv_dtype == DType::kFP8E4M3 ? 16 : 8;
+  if (p.kv_cache && !aligned(p.kv_cache, 16)) return invalid("kv_cache: address must be 16-byte aligned");
+  if (p.kv_stride_block % kv_align || p.kv_stride_token % kv_align)
+    return invalid("kv strides (block ", p.kv_stride_block, ", token ", p.kv_stride_token, "): must be multiples of ",
+                   kv_align, " elements (16-byte rows)");
+  if (!aligned(p.out, 16)) return invalid("out: address must be 16-byte aligned");
+  if (p.out_stride_token % 8 || p.out_stride_head % 8 || p.out_stride_group % 8)
+    return invalid("out strides (token ", p.out_stride_token, ", head ", p.out_stride_head, ", group ",
+                   p.out_stride_group, "): must be multiples of 8 elements");
+  if (p.lse && !aligned(p.lse, 4)) return invalid("lse: address must be 4-byte aligned");
+  return Status::Ok();
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() : caps_(cuda_backend_capabilities()) {
+    // Debugging knob: MLADCP_CUDA_KV_STAGES=1 forces the single-buffered key pipeline (the layout
+    // used on devices with less shared memory) so that it can be tested on any device.
+    if (const char* s = std::getenv("MLADCP_CUDA_KV_STAGES")) force_single_stage_ = std::atoi(s) == 1;
+  }
+
+  const BackendCapabilities& capabilities() const override { return caps_; }
+
+  size_t workspace_bytes(const MlaDecodeParams& p) const override {
+    if (p.num_seqs <= 0 || p.num_heads <= 0 || p.q_len <= 0 || p.max_seq_len <= 0 || p.shard.world < 1 ||
+        p.shard.interleave < 1)
+      return 0;
+    return cuda_plan::make_plan(p).workspace_bytes;
+  }
+
+  Status decode(const MlaDecodeParams& in, const ExecContext& ctx) override {
+    MLADCP_RETURN_IF_ERROR(validate_decode(in, caps_));
+    if (in.num_seqs == 0) return Status::Ok();
+    const MlaDecodeParams p = with_default_strides(in);
+    MLADCP_RETURN_IF_ERROR(check_device_layout(p));
+    const cuda_plan::DecodePlan plan = cuda_plan::make_plan(p);
+    if (plan.grid > std::numeric_limits<int32_t>::max() ||
+        int64_t(p.num_seqs) * plan.rows_per_seq > std::numeric_limits<int32_t>::max())
+      return invalid("num_seqs=", p.num_seqs, ", max_seq_len=", p.max_seq_len, ": ", plan.grid,
+                     " CTAs exceed one launch; split the batch");
+    if (plan.workspace_bytes > 0) {
+      if (!ctx.workspace || ctx.workspace_size < plan.workspace_bytes)
+        return invalid("workspace: ", ctx.workspace_size, " bytes at ", ctx.workspace, ", but this call needs ",
+                       plan.workspace_bytes, " (workspace_bytes(params))");
+      if (!aligned(ctx.workspace, 256)) return invalid("workspace: address must be 256-byte aligned");
+    }
+    DeviceState dev;
+    MLADCP_RETURN_IF_ERROR(current_device_state(&dev));
+    const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
+    int stages = 2;
+    if (force_single_stage_ || cuda_impl::decode_smem_bytes(plan.rows_per_cta, fp8, 2) > dev.smem_optin) stages = 1;
+    if (cuda_impl::decode_smem_bytes(plan.rows_per_cta, fp8, stages) > dev.smem_optin)
+      return Status::Unsupported(detail::cat(
+          "num_heads=", p.num_heads, ", q_len=", p.q_len, ", kv_dtype=", dtype_name(p.kv_dtype), ": the kernel for ",
+          plan.rows_per_cta, " query rows needs ", cuda_impl::decode_smem_bytes(plan.rows_per_cta, fp8, stages),
+          " bytes of shared memory per block; this device allows ", dev.smem_optin));
+
+    cuda_impl::DecodeKernelParams k;
+    k.num_seqs = p.num_seqs;
+    k.q_len = p.q_len;
+    k.num_heads = p.num_heads;
+    k.head_group_size = p.head_group_size;
+    k.rows_per_seq = plan.rows_per_seq;
+    k.rows_per_cta = plan.rows_per_cta;
+    k.row_chunks = plan.row_chunks;
+    k.split_len = plan.split_len;
+    k.max_splits = plan.max_splits;
+    k.kv_stages = stages;
+    k.q = static_cast<const uint16_t*>(p.q);
+    k.q_stride_token = p.q_stride_token;
+    k.q_stride_head = p.q_stride_head;
+    k.q_stride_group = p.q_stride_group;
+    k.kv = static_cast<const uint8_t*>(p.kv_cache);
+    k.kv_stride_block = p.kv_stride_block;
+    k.kv_stride_token = p.kv_stride_token;
+    k.num_blocks = p.num_blocks;
+    k.block_size = p.block_size;
+    k.block_table = p.block_table;
+    k.block_table_stride = p.block_table_stride;
+    k.max_blocks_per_seq = p.max_blocks_per_seq;
+    k.seq_lens = p.seq_lens;
+    k.max_seq_len = p.max_seq_len;
+    k.score_scale_log2 = float(double(p.softmax_scale) * double(p.kv_scale) * 1.4426950408889634);
+    k.out_scale = p.kv_scale;
+    k.out = p.out;
+    k.out_fp32 = p.out_dtype == DType::kFP32;
+    k.out_stride_token = p.out_stride_token;
+    k.out_stride_head = p.out_stride_head;
+    k.out_stride_group = p.out_stride_group;
+    k.lse = p.lse;
+    k.lse_base2 = p.lse_base == LseBase::k2;
+    k.lse_stride_token = p.lse_stride_token;
+    k.lse_stride_group = p.lse_stride_group;
+    k.shard = p.shard;
+    if (plan.workspace_bytes > 0) {
+      uint8_t* ws = static_cast<uint8_t*>(ctx.workspace);
+      k.ws_lse = reinterpret_cast<float*>(ws + plan.ws_lse_offset);
+      k.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_offset);
+    }
+    return cuda_impl::launch_decode(k, fp8, plan.grid, ctx.stream);
+  }
+
+  Status merge(const MergeParams& in, const ExecContext& ctx) override {
+    MLADCP_RETURN_IF_ERROR(validate(in));
+    MergeParams p = in;
+    const int64_t D = p.head_dim, H = p.num_heads, T = p.num_tokens;
+    if (!p.in_stride_head) p.in_stride_head = D;
+    if (!p.in_stride_token) p.in_stride_token = H * p.in_stride_head;
+    if (!p.in_stride_state) p.in_stride_state = T * p.in_stride_token;
+    if (!p.lse_stride_token) p.lse_stride_token = H;
+    if (!p.lse_stride_state) p.lse_stride_state = T * p.lse_stride_token;
+    if (!p.out_stride_head) p.out_stride_head = D;
+    if (!p.out_stride_token) p.out_stride_token = H * p.out_stride_head;
+    if (!p.out_lse_stride_token) p.out_lse_stride_token = H;
+    return cuda_impl::launch_merge(p, ctx.stream);
+  }
+
+  Status rescale(const RescaleParams& p, const ExecContext& ctx) override {
+    MLADCP_RETURN_IF_ERROR(validate(p));
+    return cuda_impl::launch_rescale(p, ctx.stream);
+  }
+
+ private:
+  BackendCapabilities caps_;
+  bool force_single_stage_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+Status write_kv_cache_cuda(const CacheWriteParams& in, void* stream) {
+  CacheWriteParams p = in;
+  if (p.num_tokens < 0) return invalid("num_tokens=", p.num_tokens, ": must be >= 0");
+  if (p.src_dtype != DType::kBF16 && p.src_dtype != DType::kFP16 && p.src_dtype != DType::kFP32)
+    return invalid("src_dtype=", dtype_name(p.src_dtype), ": accepted bf16, fp16, fp32");
+  if (p.cache_dtype != DType::kBF16 && p.cache_dtype != DType::kFP8E4M3)
+    return invalid("cache_dtype=", dtype_name(p.cache_dtype), ": accepted bf16, fp8_e4m3");
+  if (!(std::isfinite(p.kv_scale) && p.kv_scale > 0.0f))
+    return invalid("kv_scale=", p.kv_scale, ": must be finite and > 0");
+  if (p.cache_dtype == DType::kBF16 && p.kv_scale != 1.0f)
+    return invalid("kv_scale=", p.kv_scale, ": only fp8_e4m3 caches take a scale (use 1.0)");
+  if (p.block_size < 1) return invalid("block_size=", p.block_size, ": must be >= 1");
+  if (p.num_blocks < 0) return invalid("num_blocks=", p.num_blocks, ": must be >= 0");
+  if (p.kv_c_stride < 0 || (p.kv_c_stride && p.kv_c_stride < kLatentDim))
+    return invalid("kv_c_stride=", p.kv_c_stride, ": must be 0 (packed) or >= 512");
+  if (p.k_pe_stride < 0 || (p.k_pe_stride && p.k_pe_stride < kRopeDim))
+    return invalid("k_pe_stride=", p.k_pe_stride, ": must be 0 (packed) or >= 64");
+  if (!p.kv_c_stride) p.kv_c_stride = kLatentDim;
+  if (!p.k_pe_stride) p.k_pe_stride = kRopeDim;
+  if (!p.kv_stride_token) p.kv_stride_token = kQkDim;
+  if (!p.kv_stride_block) p.kv_stride_block = int64_t(p.block_size) * p.kv_stride_token;
+  if (p.kv_stride_token < kQkDim) return invalid("kv_stride_token=", p.kv_stride_token, ": must be >= 576");
+  if (p.kv_stride_block < int64_t(p.block_size) * p.kv_stride_token)
+    return invalid("kv_stride_block=", p.kv_stride_block, ": must be >= block_size * kv_stride_token");
+  if (p.num_tokens == 0) return Status::Ok();
+  if (!p.kv_c) return invalid("kv_c: null pointer (expected [N, 512])");
+  if (!p.k_pe) return invalid("k_pe: null pointer (expected [N, 64])");
+  if (!p.slot_mapping) return invalid("slot_mapping: null pointer (expected [N] int64)");
+  if (!p.kv_cache && p.num_blocks > 0) return invalid("kv_cache: null pointer with num_blocks=", p.num_blocks);
+  if (p.num_blocks == 0) return Status::Ok();  // every slot is out of range: nothing to write
+  return cuda_impl::launch_cache_write(p, stream);
+}
+
+}  // namespace mladcp

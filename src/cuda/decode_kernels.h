@@ -1,0 +1,58 @@
+// Device-side parameters and launchers of the "cuda" decode kernels (no CUDA headers here).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "mladcp/sharding.h"
+#include "mladcp/status.h"
+
+namespace mladcp::cuda_impl {
+
+// Everything the split and combine kernels read, with defaults resolved. Offsets in elements.
+struct DecodeKernelParams {
+  int num_seqs = 0, q_len = 1, num_heads = 0, head_group_size = 1;
+  int rows_per_seq = 0, rows_per_cta = 16, row_chunks = 0, split_len = 0, max_splits = 1;
+  int kv_stages = 2;  // 2: double-buffered key tiles; 1: single buffer (devices with less shared memory)
+
+  const uint16_t* q = nullptr;  // bf16
+  int64_t q_stride_token = 0, q_stride_head = 0, q_stride_group = 0;
+
+  const uint8_t* kv = nullptr;  // bf16 or fp8 bytes
+  int64_t kv_stride_block = 0, kv_stride_token = 0;
+  int num_blocks = 0, block_size = 1;
+
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int max_blocks_per_seq = 0;
+  const int32_t* seq_lens = nullptr;
+  int max_seq_len = 0;
+
+  float score_scale_log2 = 0.0f;  // softmax_scale · kv_scale · log2(e)
+  float out_scale = 1.0f;         // kv_scale
+
+  void* out = nullptr;
+  bool out_fp32 = false;
+  int64_t out_stride_token = 0, out_stride_head = 0, out_stride_group = 0;
+
+  float* lse = nullptr;
+  bool lse_base2 = false;
+  int64_t lse_stride_token = 0, lse_stride_group = 0;
+
+  DcpShard shard;
+
+  float* ws_lse = nullptr;  // [B, max_splits, R] base-2 partial LSE
+  float* ws_o = nullptr;    // [B, max_splits, R, 512] normalized partial outputs
+};
+
+// Dynamic shared memory of the split kernel for a shape (bytes).
+size_t decode_smem_bytes(int rows_per_cta, bool fp8, int kv_stages);
+
+// Raises the dynamic shared-memory limit of every split kernel on the current device (once per
+// device; not a stream operation, so safe before graph capture).
+Status prepare_decode_kernels(size_t max_smem_optin);
+
+// Launches the split kernel (and the combine kernel when max_splits > 1) on `stream`.
+Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* stream);
+
+}  // namespace mladcp::cuda_impl

@@ -1,0 +1,72 @@
+// Split-KV plan of the "cuda" decode (host and device; no CUDA headers).
+//
+// Query rows: a sequence has R = num_heads · q_len query rows (row = token · H + head). A CTA takes
+// up to 64 of them (16, 32 or 64: rows_per_cta) against one contiguous range of the sequence's local
+// keys (a split). The split length depends only on rows_per_cta; the number of splits of a sequence
+// depends only on its own local length. Nothing depends on the batch size or on the device, so the
+// result for a sequence is bitwise the same whatever else is in the batch (batch invariance).
+//
+// Grid: row_chunks × max_splits × num_seqs CTAs, sized on the host from max_seq_len; a CTA whose
+// split lies past its sequence's split count exits at once. A sequence with one split writes `out`
+// and `lse` directly; with more, each split writes an fp32 partial state (o / l, log2 l + max) to the
+// workspace and a combine kernel merges them with lse::Combiner.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "mladcp/config.h"
+#include "mladcp/decode.h"
+#include "mladcp/sharding.h"
+
+namespace mladcp::cuda_plan {
+
+inline constexpr int kTileTokens = 64;  // keys per pipeline stage
+
+// 16, 32 or 64 query rows per CTA.
+MLADCP_HD int rows_per_cta(int rows_per_seq) { return rows_per_seq <= 16 ? 16 : (rows_per_seq <= 32 ? 32 : 64); }
+
+// Local keys per split: 1024 for 16 rows, 2048 for 32, 4096 for 64. More rows per CTA means more
+// arithmetic per key, so fewer, longer splits keep the partial-state traffic (rows · 2 KiB per split)
+// small against the keys read (1152 B each for bf16).
+MLADCP_HD int split_tokens(int rows_per_cta) { return 64 * rows_per_cta; }
+
+// Splits of a sequence with `local_keys` keys on this shard: at least 1 (an empty sequence still has
+// one CTA per row chunk, which writes out = 0, lse = -inf).
+MLADCP_HD int num_splits(int64_t local_keys, int split_len) {
+  return local_keys <= split_len ? 1 : int((local_keys + split_len - 1) / split_len);
+}
+
+struct DecodePlan {
+  int rows_per_seq = 0;   // H · q_len
+  int rows_per_cta = 16;  // 16, 32 or 64
+  int row_chunks = 0;     // ceil(rows_per_seq / rows_per_cta)
+  int split_len = 0;      // local keys per split
+  int max_splits = 1;     // splits of the longest possible sequence (from max_seq_len)
+  int64_t grid = 0;       // CTAs of the split kernel
+  size_t ws_lse_offset = 0, ws_o_offset = 0;
+  size_t workspace_bytes = 0;  // 0 when no sequence can have two splits
+};
+
+inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Host-only: the plan of a validated call (default strides applied or not; only shapes are read).
+inline DecodePlan make_plan(const MlaDecodeParams& p) {
+  DecodePlan plan;
+  plan.rows_per_seq = p.num_heads * p.q_len;
+  plan.rows_per_cta = rows_per_cta(plan.rows_per_seq);
+  plan.row_chunks = (plan.rows_per_seq + plan.rows_per_cta - 1) / plan.rows_per_cta;
+  plan.split_len = split_tokens(plan.rows_per_cta);
+  const int64_t max_local = sharding::local_len(p.max_seq_len, p.shard.world, p.shard.rank, p.shard.interleave);
+  plan.max_splits = num_splits(max_local, plan.split_len);
+  plan.grid = int64_t(plan.row_chunks) * plan.max_splits * p.num_seqs;
+  if (plan.max_splits > 1) {
+    const size_t states = size_t(p.num_seqs) * size_t(plan.max_splits) * size_t(plan.rows_per_seq);
+    plan.ws_lse_offset = 0;
+    plan.ws_o_offset = align_up(states * sizeof(float), 256);
+    plan.workspace_bytes = plan.ws_o_offset + states * size_t(kLatentDim) * sizeof(float);
+  }
+  return plan;
+}
+
+}  // namespace mladcp::cuda_plan

@@ -1,0 +1,6 @@
+// Split kernel for 32 query rows per CTA, fp8 cache.
+#include "cuda/decode_kernel.cuh"
+
+namespace mladcp::cuda_impl {
+MLADCP_INSTANTIATE_SPLIT_KERNEL(2, true)
+}  // namespace mladcp::cuda_impl

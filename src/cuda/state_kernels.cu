@@ -1,0 +1,128 @@
+// Merging partial attention states (N-way merge and the DCP rescale) and writing new tokens into the
+// paged cache, on the device. The arithmetic is the host's: lse::Combiner for the weights, fp32
+// accumulation in state order, numeric:: conversions for storage.
+#include <cuda_runtime.h>
+
+#include "core/lse_math.h"
+#include "core/numeric.h"
+#include "cuda/cuda_status.h"
+#include "cuda/state_kernels.h"
+#include "mladcp/config.h"
+
+namespace mladcp::cuda_impl {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+__device__ __forceinline__ float load_elem(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kBF16: return numeric::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kFP16: return numeric::fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kFP32: return static_cast<const float*>(base)[i];
+    case DType::kFP8E4M3: return numeric::fp8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
+  }
+  return 0.0f;
+}
+
+__device__ __forceinline__ void store_elem(void* base, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kBF16: static_cast<uint16_t*>(base)[i] = numeric::float_to_bf16(v); break;
+    case DType::kFP16: static_cast<uint16_t*>(base)[i] = numeric::float_to_fp16(v); break;
+    case DType::kFP32: static_cast<float*>(base)[i] = v; break;
+    case DType::kFP8E4M3: static_cast<uint8_t*>(base)[i] = numeric::float_to_fp8e4m3(v); break;
+  }
+}
+
+// One warp per (token, head). Lane j keeps the weight of state n0 + j of the current group of 32;
+// the sum over states runs in state order, as on the host.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_kernel(const MergeParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (w >= int64_t(p.num_tokens) * p.num_heads) return;
+  const int64_t t = w / p.num_heads, h = w - t * p.num_heads;
+  const float* lse_row = p.in_lse + t * p.lse_stride_token + h;
+  lse::Combiner c(p.in_base);
+  for (int n = 0; n < p.num_states; ++n) c.observe_max(lse_row[n * p.lse_stride_state]);
+  for (int n = 0; n < p.num_states; ++n) c.accumulate(lse_row[n * p.lse_stride_state]);
+
+  const int64_t in_row = t * p.in_stride_token + h * p.in_stride_head;
+  const int64_t out_row = t * p.out_stride_token + h * p.out_stride_head;
+  for (int d0 = 0; d0 < p.head_dim; d0 += 32) {
+    const int d = d0 + lane;
+    float acc = 0.0f;
+    for (int n0 = 0; n0 < p.num_states; n0 += 32) {
+      const float my_w = n0 + lane < p.num_states ? c.weight(lse_row[(n0 + lane) * p.lse_stride_state]) : 0.0f;
+      const int count = min(32, p.num_states - n0);
+      for (int j = 0; j < count; ++j) {
+        const float wn = __shfl_sync(0xffffffffu, my_w, j);
+        if (wn != 0.0f && d < p.head_dim)
+          acc += lse::weighted(wn, load_elem(p.in_out, p.in_dtype, (n0 + j) * p.in_stride_state + in_row + d));
+      }
+    }
+    if (d < p.head_dim) store_elem(p.out, p.out_dtype, out_row + d, acc);
+  }
+  if (p.out_lse && lane == 0)
+    p.out_lse[t * p.out_lse_stride_token + h] = lse::convert(c.merged_lse(), p.in_base, p.out_base);
+}
+
+// One warp per (token, head): out *= b^(lse[rank] - merged), exactly 0 for an empty state.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) rescale_kernel(const RescaleParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int64_t T = p.num_tokens, H = p.num_heads, D = p.head_dim;
+  if (w >= T * H) return;
+  lse::Combiner c(p.base);
+  for (int n = 0; n < p.world; ++n) c.observe_max(p.all_lse[n * T * H + w]);
+  for (int n = 0; n < p.world; ++n) c.accumulate(p.all_lse[n * T * H + w]);
+  const float wt = c.weight(p.all_lse[p.rank * T * H + w]);
+  for (int64_t d = lane; d < D; d += 32)
+    store_elem(p.out, p.out_dtype, w * D + d, lse::weighted(wt, load_elem(p.out, p.out_dtype, w * D + d)));
+  if (p.merged_lse && lane == 0) p.merged_lse[w] = c.merged_lse();
+}
+
+// One warp per new token: [kv_c | k_pe] → cache slot, converted to the cache dtype. Slots -1 and
+// slots outside [0, num_blocks · block_size) are skipped (the host cannot check device slots
+// without a synchronization).
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) cache_write_kernel(const CacheWriteParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t i = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (i >= p.num_tokens) return;
+  const int64_t slot = p.slot_mapping[i];
+  if (slot < 0 || slot >= int64_t(p.num_blocks) * p.block_size) return;
+  const int64_t dst = (slot / p.block_size) * p.kv_stride_block + (slot % p.block_size) * p.kv_stride_token;
+  const bool fp8 = p.cache_dtype == DType::kFP8E4M3;
+  for (int d = lane; d < kQkDim; d += 32) {
+    const float v = d < kLatentDim ? load_elem(p.kv_c, p.src_dtype, i * p.kv_c_stride + d)
+                                   : load_elem(p.k_pe, p.src_dtype, i * p.k_pe_stride + (d - kLatentDim));
+    if (fp8)
+      static_cast<uint8_t*>(p.kv_cache)[dst + d] = numeric::float_to_fp8e4m3(v / p.kv_scale);
+    else
+      static_cast<uint16_t*>(p.kv_cache)[dst + d] = numeric::float_to_bf16(v);
+  }
+}
+
+unsigned blocks_for(int64_t warps) { return unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+
+}  // namespace
+
+Status launch_merge(const MergeParams& p, void* stream) {
+  const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
+  if (rows == 0) return Status::Ok();
+  merge_kernel<<<blocks_for(rows), kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return cuda_status(cudaGetLastError(), "merge_kernel launch");
+}
+
+Status launch_rescale(const RescaleParams& p, void* stream) {
+  const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
+  if (rows == 0) return Status::Ok();
+  rescale_kernel<<<blocks_for(rows), kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return cuda_status(cudaGetLastError(), "rescale_kernel launch");
+}
+
+Status launch_cache_write(const CacheWriteParams& p, void* stream) {
+  if (p.num_tokens == 0) return Status::Ok();
+  cache_write_kernel<<<blocks_for(p.num_tokens), kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return cuda_status(cudaGetLastError(), "cache_write_kernel launch");
+}
+
+}  // namespace mladcp::cuda_impl

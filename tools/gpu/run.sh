@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# The "cuda" backend on one GPU, in one call on the GPU machine: build, GPU tests, compute-sanitizer
+# (memcheck, racecheck, initcheck, synccheck on the small-shape subset CudaSanitize.*), and the decode
+# benchmark. Logs go to $OUT (at most 8 files); a summary table is printed last.
+#
+#   here, once:          tools/gpu/prepare_deps.sh          (third-party sources into .deps/, git-ignored)
+#   on the GPU machine:  tools/gpu/run.sh [stage...]        stages: build test bench sanitize (default: all),
+#                                                           profile (Nsight Compute on three configurations)
+#
+# Environment:
+#   MLADCP_GPU_PREBUILT=dir  use the binaries in dir (cuda_decode_test, cuda_state_test, mladcp_gpu_bench),
+#                            built elsewhere from this tree, when they start here; else build as usual
+#   MLADCP_GPU_ARCH=flags    -gencode flags of the portable target (default: none, Hopper sm_90a only)
+#   MLADCP_GPU_BENCH_ARGS    extra arguments of mladcp_gpu_bench (e.g. --quick)
+#   MLADCP_GPU_BUDGET_S      seconds the whole script may take (default 540); later stages get what is left
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(build test bench sanitize)
+deadline=$(($(date +%s) + ${MLADCP_GPU_BUDGET_S:-540}))
+left() { local l=$((deadline - $(date +%s) - ${1:-0})); echo $((l > 5 ? l : 5)); }  # seconds left, minus a reserve
+cap() { local l; l=$(left "${2:-0}"); echo $((l < $1 ? l : $1)); }                 # min(limit, seconds left)
+want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+out="${OUT:-$root/out/gpu}"
+mkdir -p "$out"
+build="$root/build/gpu"
+bin=""  # folder holding the three executables
+status=()
+note() { status+=("$1"); echo "== $1"; }
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo '+local')"
+
+prebuilt_ok() {
+  local pre="$1"
+  [ -n "$pre" ] && [ -x "$pre/cuda_decode_test" ] && [ -x "$pre/cuda_state_test" ] && [ -x "$pre/mladcp_gpu_bench" ] &&
+    "$pre/cuda_decode_test" --gtest_list_tests >/dev/null 2>&1
+}
+
+if want build; then
+  rc=0
+  {
+    echo "# $(date -u +%FT%TZ) commit $commit"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1
+    nvcc --version 2>&1 | tail -n 1
+  } >"$out/build.log" 2>&1
+  if prebuilt_ok "${MLADCP_GPU_PREBUILT:-}"; then
+    bin="$MLADCP_GPU_PREBUILT"
+    { echo "using prebuilt binaries from $bin"; cat "$bin/STAMP" 2>/dev/null; } >>"$out/build.log"
+    how="prebuilt $bin"
+  else
+    [ -n "${MLADCP_GPU_PREBUILT:-}" ] && echo "prebuilt binaries in '$MLADCP_GPU_PREBUILT' do not start here; building" >>"$out/build.log"
+    {
+      cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLADCP_DEPS_DIR="$root/.deps" \
+        -DMLADCP_WITH_CUDA=ON -DMLADCP_WITH_NCCL=OFF -DMLADCP_WITH_MPI=OFF -DMLADCP_BUILD_APPS=OFF \
+        -DMLADCP_BUILD_BENCH=ON -DMLADCP_BUILD_TESTS=ON -DMLADCP_CUDA_PTXAS_VERBOSE=ON \
+        "-DMLADCP_CUDA_GENCODE_PORTABLE=${MLADCP_GPU_ARCH:-}" &&
+        ninja -C "$build" -j "$(nproc)" cuda_decode_test cuda_state_test mladcp_gpu_bench
+    } >>"$out/build.log" 2>&1
+    rc=$?
+    bin="$build/gpu-bin"
+    mkdir -p "$bin"
+    for b in tests/cuda/cuda_decode_test tests/cuda/cuda_state_test bench/gpu/mladcp_gpu_bench; do
+      [ -x "$build/$b" ] && cp "$build/$b" "$bin/"
+    done
+    how="built here"
+  fi
+  # Instruction mix of the bf16 split kernels (16 and 64 rows): tensor-core HMMA, ldmatrix, local memory.
+  if [ $rc -eq 0 ] && command -v cuobjdump >/dev/null; then
+    cuobjdump -sass -arch sm_90a "$bin/cuda_decode_test" >"$build.sass" 2>/dev/null || true
+    for k in 1 4; do
+      awk -v k="mla_decode_split_kernelILi${k}ELb0" '/Function : / {f = index($0, k) > 0} f' "$build.sass" |
+        grep -oE '^ +/\*[0-9a-f]+\*/ +[A-Z][A-Z0-9]*' | awk '{print $2}' | sort | uniq -c | sort -rn | head -n 24 |
+        awk -v r=$((16 * k)) '{printf "sass (%d-row bf16 split kernel): %s %s\n", r, $2, $1}' >>"$out/build.log"
+    done
+  fi
+  note "build: $([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc, see build.log)") ($how)"
+  grep -qE '[1-9][0-9]* bytes spill' "$out/build.log" && note "build: WARNING register spills (see build.log)"
+  grep -E 'sass \((16|64)-row.*(HMMA|LDSM|BAR|LDL) ' "$out/build.log" | paste -sd ';' -
+  [ $rc -eq 0 ] || { tail -n 40 "$out/build.log"; printf '%s\n' "${status[@]}"; exit 1; }
+else
+  bin="${MLADCP_GPU_PREBUILT:-$build/gpu-bin}"
+fi
+
+# Runs a gtest binary in N parallel shards; the log gets every shard's output, the summary line counts.
+run_sharded() {
+  local exe="$1" shards="$2" log="$3" i
+  local dir
+  dir="$(mktemp -d)"
+  for ((i = 0; i < shards; ++i)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$(cap 240 60)" "$exe" --gtest_brief=0 >"$dir/$i.log" 2>&1 &
+  done
+  local rc=0
+  for ((i = 0; i < shards; ++i)); do wait -n || rc=1; done
+  cat "$dir"/*.log >>"$log"
+  rm -rf "$dir"
+  return $rc
+}
+
+if want test; then
+  : >"$out/tests.log"
+  t0=$(date +%s)
+  run_sharded "$bin/cuda_decode_test" 16 "$out/tests.log"
+  rc1=$?
+  run_sharded "$bin/cuda_state_test" 4 "$out/tests.log"
+  rc2=$?
+  passed=$(grep -c '^\[       OK \]' "$out/tests.log")
+  failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$out/tests.log")
+  skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z].*(' "$out/tests.log")
+  note "tests: $passed passed, $failed failed, $skipped skipped in $(($(date +%s) - t0)) s (rc $rc1/$rc2)"
+  [ "$failed" -gt 0 ] && grep -E '^\[  FAILED  \] [A-Za-z].*\(' "$out/tests.log" | head -n 20
+fi
+
+if want bench; then
+  timeout "$(cap 240 10)" "$bin/mladcp_gpu_bench" --json "$out/bench.json" --md "$out/bench.md" ${MLADCP_GPU_BENCH_ARGS:-} \
+    >"$out/bench.log" 2>&1
+  rc=$?
+  note "bench: rc $rc; $(tail -n 1 "$out/bench.log")"
+fi
+
+if want sanitize; then
+  : >"$out/sanitizer.log"
+  for tool in memcheck racecheck initcheck synccheck; do
+    for exe in cuda_decode_test cuda_state_test; do
+      echo "## compute-sanitizer --tool $tool $exe --gtest_filter=CudaSanitize.*" >>"$out/sanitizer.log"
+      t0=$(date +%s)
+      timeout "$(cap 120 5)" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+        "$bin/$exe" --gtest_filter='CudaSanitize.*' >>"$out/sanitizer.log" 2>&1
+      rc=$?
+      note "sanitizer $tool $exe: $([ $rc -eq 0 ] && echo clean || echo "rc $rc") ($(($(date +%s) - t0)) s, $(grep -c '^\[       OK \]' "$out/sanitizer.log") ok so far)"
+    done
+  done
+fi
+
+if want profile; then
+  ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)"
+  : >"$out/profile.log"
+  for cfg in 16,128,4096,1,bf16 128,64,4096,1,bf16 16,128,4096,1,fp8; do
+    echo "## ncu split kernel, --only $cfg" >>"$out/profile.log"
+    timeout "$(cap 90 5)" "$ncu_bin" --clock-control none -k regex:mla_decode_split --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      "$bin/mladcp_gpu_bench" --only "$cfg" --reps 3 --warmup 2 --no-ceilings >>"$out/profile.log" 2>&1
+    note "profile $cfg: rc $?"
+  done
+fi
+
+{
+  echo "# cuda backend on one GPU: summary ($(date -u +%FT%TZ), commit $commit)"
+  echo
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader 2>&1
+  echo
+  printf -- '- %s\n' "${status[@]}"
+  echo
+  [ -f "$out/bench.md" ] && want bench && cat "$out/bench.md"
+} >"$out/summary.md"
+cat "$out/summary.md"
