@@ -13,11 +13,10 @@ namespace mladcp::cli {
 namespace {
 
 void print_report(const DecodeReport& r) {
-  std::printf("backend   %s (%s%s)\n", r.backend.c_str(), device_name(r.device),
-              r.device == Device::kHost ? detail::cat(", ", r.threads, " threads").c_str() : "");
+  std::printf("backend   %s\n", describe_backend(r).c_str());
   std::printf("shape     %s\n", describe_shape(r).c_str());
-  std::printf("time      %s (median of %d, min %s)\n", format_seconds(r.median_seconds).c_str(), r.iters,
-              format_seconds(r.min_seconds).c_str());
+  std::printf("time      %s (median of %d, min %s%s)\n", format_seconds(r.median_seconds).c_str(), r.iters,
+              format_seconds(r.min_seconds).c_str(), r.device == Device::kHost ? "" : "; device time");
   std::printf("traffic   %s -> %s\n", format_bytes(r.bytes).c_str(),
               format_rate(r.bytes / r.median_seconds, "B/s").c_str());
   std::printf("compute   %s -> %s\n", format_rate(r.flops, "FLOP").c_str(),

@@ -11,6 +11,7 @@
 #include "cli_common.h"
 #include "common/compare.h"
 #include "core/validate.h"
+#include "mladcp/device_memory.h"
 #include "mladcp/sharding.h"
 
 namespace mladcp::cli {
@@ -94,9 +95,112 @@ CheckResult compare_with_oracle(const DecodeReport& r, const std::vector<float>&
   return c;
 }
 
-}  // namespace
+// Runs a backend's decode on the problem where the backend keeps its data: on the host buffers as they
+// are, or on device copies (mladcp/device_memory.h), timed with device events on a stream of its own.
+class Runner {
+ public:
+  Runner() = default;
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+  ~Runner() {
+    (void)event_destroy(start_);
+    (void)event_destroy(stop_);
+    (void)stream_destroy(stream_);
+  }
 
-bool tool_can_run(const BackendCapabilities& caps) { return caps.device == Device::kHost; }
+  // `host` points at the problem's host buffers and at sentinel-filled out/lse buffers of the given sizes.
+  Status init(Backend* backend, const synthetic::Problem& problem, const MlaDecodeParams& host, size_t out_bytes,
+              size_t lse_bytes, int threads) {
+    backend_ = backend;
+    device_ = backend->capabilities().device == Device::kCuda;
+    params_ = host;
+    out_bytes_ = out_bytes;
+    lse_bytes_ = lse_bytes;
+    ctx_.num_threads = threads;
+    if (!device_) {
+      host_workspace_.resize(backend->workspace_bytes(host));
+      ctx_.workspace = host_workspace_.data();
+      ctx_.workspace_size = host_workspace_.size();
+      return Status::Ok();
+    }
+    int devices = 0;
+    MLADCP_RETURN_IF_ERROR(device_count(&devices));
+    if (devices == 0)
+      return Status(StatusCode::kUnavailable, detail::cat("--backend=", backend->capabilities().name,
+                                                          ": no CUDA device is visible on this machine"));
+    MLADCP_RETURN_IF_ERROR(upload(&q_, problem.q.data(), problem.q.size() * sizeof(uint16_t)));
+    MLADCP_RETURN_IF_ERROR(upload(&kv_, problem.kv_cache.data(), problem.kv_cache.size()));
+    MLADCP_RETURN_IF_ERROR(upload(&table_, problem.block_table.data(), problem.block_table.size() * sizeof(int32_t)));
+    MLADCP_RETURN_IF_ERROR(upload(&lens_, problem.seq_lens.data(), problem.seq_lens.size() * sizeof(int32_t)));
+    MLADCP_RETURN_IF_ERROR(upload(&out_, host.out, out_bytes));  // sentinels: unwritten elements stay visible
+    MLADCP_RETURN_IF_ERROR(upload(&lse_, host.lse, lse_bytes));
+    params_.q = q_.data();
+    params_.kv_cache = kv_.data();
+    params_.block_table = table_.as<int32_t>();
+    params_.seq_lens = lens_.as<int32_t>();
+    params_.out = out_.data();
+    params_.lse = host.lse ? lse_.as<float>() : nullptr;
+    MLADCP_RETURN_IF_ERROR(workspace_.allocate(backend->workspace_bytes(params_)));
+    MLADCP_RETURN_IF_ERROR(stream_create(&stream_));
+    MLADCP_RETURN_IF_ERROR(event_create(&start_));
+    MLADCP_RETURN_IF_ERROR(event_create(&stop_));
+    ctx_.stream = stream_;
+    ctx_.workspace = workspace_.data();
+    ctx_.workspace_size = workspace_.size();
+    DeviceInfo info;
+    int current = 0;
+    if (device_get(&current).ok() && device_info(current, &info).ok()) device_label_ = info.name;
+    return Status::Ok();
+  }
+
+  // One decode; `seconds` is wall time on the host, device time (between events) on a device.
+  Status run(double* seconds) {
+    if (!device_) {
+      const double t0 = now_seconds();
+      MLADCP_RETURN_IF_ERROR(backend_->decode(params_, ctx_));
+      *seconds = now_seconds() - t0;
+      return Status::Ok();
+    }
+    MLADCP_RETURN_IF_ERROR(event_record(start_, stream_));
+    MLADCP_RETURN_IF_ERROR(backend_->decode(params_, ctx_));
+    MLADCP_RETURN_IF_ERROR(event_record(stop_, stream_));
+    MLADCP_RETURN_IF_ERROR(event_synchronize(stop_));
+    float ms = 0.0f;
+    MLADCP_RETURN_IF_ERROR(event_elapsed_ms(start_, stop_, &ms));
+    *seconds = double(ms) * 1e-3;
+    return Status::Ok();
+  }
+
+  // Brings the output and LSE back to the host buffers given to init() (nothing to do on the host).
+  Status fetch(void* out, float* lse) {
+    if (!device_) return Status::Ok();
+    MLADCP_RETURN_IF_ERROR(stream_synchronize(stream_));
+    MLADCP_RETURN_IF_ERROR(copy_device_to_host(out, out_.data(), out_bytes_));
+    if (lse && lse_bytes_) MLADCP_RETURN_IF_ERROR(copy_device_to_host(lse, lse_.data(), lse_bytes_));
+    return Status::Ok();
+  }
+
+  const std::string& device_label() const { return device_label_; }
+
+ private:
+  static Status upload(DeviceBuffer* buf, const void* src, size_t bytes) {
+    MLADCP_RETURN_IF_ERROR(buf->allocate(bytes));
+    return bytes ? copy_host_to_device(buf->data(), src, bytes) : Status::Ok();
+  }
+
+  Backend* backend_ = nullptr;
+  bool device_ = false;
+  MlaDecodeParams params_;
+  ExecContext ctx_;
+  size_t out_bytes_ = 0, lse_bytes_ = 0;
+  std::vector<uint8_t> host_workspace_;
+  DeviceBuffer q_, kv_, table_, lens_, out_, lse_, workspace_;
+  DeviceStream stream_ = nullptr;
+  DeviceEvent start_ = nullptr, stop_ = nullptr;
+  std::string device_label_;
+};
+
+}  // namespace
 
 Status run_decode(const DecodeOptions& opt, DecodeReport* report) {
   DecodeReport& r = *report;
@@ -110,18 +214,18 @@ Status run_decode(const DecodeOptions& opt, DecodeReport* report) {
   if (std::find(names.begin(), names.end(), r.backend) == names.end()) {
     std::string known;
     for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+    for (const KnownBackend& k : all_known_backends())
+      if (k.capabilities.name == r.backend)
+        return invalid("--backend=", r.backend, ": not part of this build (", device_name(k.capabilities.device),
+                       " support was not compiled in); this build has ", known);
     return invalid("--backend=", r.backend, ": unknown; this build has ", known);
   }
   std::unique_ptr<Backend> backend;
   MLADCP_RETURN_IF_ERROR(create_backend(r.backend, &backend));
-  const BackendCapabilities& caps = backend->capabilities();
-  r.device = caps.device;
-  if (!tool_can_run(caps))
-    return Status::Unsupported(detail::cat("--backend=", r.backend, ": this backend keeps its data in ",
-                                           device_name(caps.device),
-                                           " device memory, and this build of mladcp only "
-                                           "stages host memory; use a host backend (--backend cpu)"));
-  r.threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  r.device = backend->capabilities().device;
+  r.threads = r.device != Device::kHost ? 0
+              : opt.threads > 0         ? opt.threads
+                                        : int(std::max(1u, std::thread::hardware_concurrency()));
 
   // The problem: one shard of a global cache, NaN in every unused slot, a permuted block table.
   synthetic::Problem problem;
@@ -152,16 +256,13 @@ Status run_decode(const DecodeOptions& opt, DecodeReport* report) {
   r.bytes = double(problem.kv_bytes_used()) + double(T) * H * kQkDim * dtype_size(DType::kBF16) + double(out.size()) +
             double(lse.size()) * sizeof(float);
 
-  std::vector<uint8_t> workspace(backend->workspace_bytes(p));
-  ExecContext ctx;
-  ctx.workspace = workspace.data();
-  ctx.workspace_size = workspace.size();
-  ctx.num_threads = opt.threads;
+  Runner runner;
+  MLADCP_RETURN_IF_ERROR(runner.init(backend.get(), problem, p, out.size(), lse.size() * sizeof(float), opt.threads));
+  r.device_label = runner.device_label();
 
   // One warm-up run, then the timed runs.
-  double t0 = now_seconds();
-  MLADCP_RETURN_IF_ERROR(backend->decode(p, ctx));
-  const double warm = now_seconds() - t0;
+  double warm = 0.0;
+  MLADCP_RETURN_IF_ERROR(runner.run(&warm));
   if (opt.iters > 0) {
     r.iters = opt.iters;
   } else if (warm >= 1.0) {
@@ -173,13 +274,14 @@ Status run_decode(const DecodeOptions& opt, DecodeReport* report) {
   if (r.iters * warm > kQuietSeconds)
     progress("timing " + std::to_string(r.iters) + " runs of about " + format_seconds(warm) + " each...");
   for (int i = 0; i < r.iters; ++i) {
-    t0 = now_seconds();
-    MLADCP_RETURN_IF_ERROR(backend->decode(p, ctx));
-    r.seconds.push_back(now_seconds() - t0);
+    double seconds = 0.0;
+    MLADCP_RETURN_IF_ERROR(runner.run(&seconds));
+    r.seconds.push_back(seconds);
   }
   if (r.iters == 0) r.iters = 1;
   r.median_seconds = median(r.seconds);
   r.min_seconds = *std::min_element(r.seconds.begin(), r.seconds.end());
+  MLADCP_RETURN_IF_ERROR(runner.fetch(out.data(), r.lse ? lse.data() : nullptr));
 
   if (!opt.check) return Status::Ok();
   r.checked = true;
@@ -191,13 +293,18 @@ Status run_decode(const DecodeOptions& opt, DecodeReport* report) {
   const double oracle_estimate = r.flops / kOracleFlopsPerSecond;
   if (oracle_estimate > kQuietSeconds)
     progress("checking against the cpu-reference oracle (fp64, about " + format_seconds(oracle_estimate) + ")...");
-  t0 = now_seconds();
+  const double t0 = now_seconds();
   MLADCP_RETURN_IF_ERROR(
       oracle->decode(problem.params(ref.data(), DType::kFP32, r.lse ? ref_lse.data() : nullptr, base), ExecContext{}));
   const double oracle_seconds = now_seconds() - t0;
   r.check = compare_with_oracle(r, test::to_float(out.data(), r.out_dtype, out_elems), ref, lse, ref_lse);
   r.check.oracle_seconds = oracle_seconds;
   return Status::Ok();
+}
+
+std::string describe_backend(const DecodeReport& r) {
+  if (r.device == Device::kHost) return detail::cat(r.backend, " (host, ", r.threads, " threads)");
+  return detail::cat(r.backend, " (", r.device_label.empty() ? device_name(r.device) : r.device_label.c_str(), ")");
 }
 
 std::string describe_shape(const DecodeReport& r) {
@@ -216,6 +323,7 @@ nlohmann::ordered_json report_json(const DecodeReport& r) {
   const synthetic::Config& c = r.config;
   json j = {{"backend", r.backend},
             {"device", device_name(r.device)},
+            {"device_name", r.device_label},
             {"threads", r.threads},
             {"shape",
              {{"batch", c.num_seqs},

@@ -48,7 +48,8 @@ struct CheckResult {
 struct DecodeReport {
   std::string backend;
   Device device = Device::kHost;
-  int threads = 0;  // host backends
+  std::string device_label;  // the GPU's name for device backends
+  int threads = 0;           // host backends
   synthetic::Config config;
   DType out_dtype = DType::kBF16;
   bool lse = true;  // the kernel was asked for the LSE
@@ -62,14 +63,12 @@ struct DecodeReport {
   CheckResult check;
 };
 
-// Whether this tool can stage data for the backend (host memory only).
-bool tool_can_run(const BackendCapabilities& caps);
-
 // Runs the decode described by `opt`. Bad options give kInvalidArgument naming the flag; a failed
 // check is reported in report->check (the Status stays ok).
 Status run_decode(const DecodeOptions& opt, DecodeReport* report);
 
 // Human-readable lines and JSON of a report.
+std::string describe_backend(const DecodeReport& r);  // "cpu (host, 16 threads)", "cuda (NVIDIA H200)"
 std::string describe_shape(const DecodeReport& r);
 nlohmann::ordered_json report_json(const DecodeReport& r);
 
