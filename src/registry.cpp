@@ -9,13 +9,8 @@
 #include "cuda/cuda_backend.h"
 #endif
 // The CUDA backend's capabilities are plain data in a header-only declaration, so that a build without
-// CUDA still knows them (for the generated backend table). Listed from the moment that header exists.
-#if __has_include("cuda/cuda_capabilities.h")
-#include "cuda/cuda_capabilities.h"  // BackendCapabilities cuda_backend_capabilities()
-#define MLADCP_KNOWS_CUDA_CAPABILITIES 1
-#else
-#define MLADCP_KNOWS_CUDA_CAPABILITIES 0
-#endif
+// CUDA still knows them (all_known_backends(), the generated backend table).
+#include "cuda/cuda_capabilities.h"
 
 namespace mladcp {
 namespace {
@@ -90,9 +85,7 @@ std::vector<KnownBackend> all_known_backends() {
   std::vector<KnownBackend> known;
   known.push_back({make_cpu_reference_backend()->capabilities(), true});
   known.push_back({make_cpu_backend()->capabilities(), true});
-#if MLADCP_KNOWS_CUDA_CAPABILITIES
   known.push_back({cuda_backend_capabilities(), MLADCP_HAVE_CUDA != 0});
-#endif
   return known;
 }
 
