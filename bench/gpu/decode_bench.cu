@@ -31,21 +31,21 @@
 
 namespace {
 
-#define CHECK_CUDA(call)                                                                          \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
+#define CHECK_CUDA(call)                                                                         \
+  do {                                                                                           \
+    cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
-#define CHECK_OK(expr)                                                                                   \
-  do {                                                                                                   \
-    const mladcp::Status s_ = (expr);                                                                    \
-    if (!s_.ok()) {                                                                                      \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, s_.to_string().c_str());       \
-      std::exit(1);                                                                                      \
-    }                                                                                                    \
+#define CHECK_OK(expr)                                                                           \
+  do {                                                                                           \
+    const mladcp::Status s_ = (expr);                                                            \
+    if (!s_.ok()) {                                                                              \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, s_.to_string().c_str()); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
 
 __device__ __forceinline__ uint64_t mix(uint64_t x) {
@@ -149,9 +149,9 @@ double measure_gemm(cudaStream_t s, int reps) {
   std::vector<double> t;
   for (int i = 0; i < reps + 3; ++i) {
     CHECK_CUDA(cudaEventRecord(e0, s));
-    const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b,
-                                           CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                           CUBLAS_GEMM_DEFAULT);
+    const cublasStatus_t st =
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta, c,
+                     CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) {
       std::fprintf(stderr, "cublasGemmEx failed: %d\n", int(st));
       std::exit(1);
@@ -351,13 +351,20 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--reps") o.reps = std::atoi(next().c_str());
-    else if (a == "--warmup") o.warmup = std::atoi(next().c_str());
-    else if (a == "--json") o.json = next();
-    else if (a == "--md") o.md = next();
-    else if (a == "--quick") o.quick = true;
-    else if (a == "--no-ceilings") o.ceilings = false;
-    else if (a == "--only") o.only = next();
+    if (a == "--reps")
+      o.reps = std::atoi(next().c_str());
+    else if (a == "--warmup")
+      o.warmup = std::atoi(next().c_str());
+    else if (a == "--json")
+      o.json = next();
+    else if (a == "--md")
+      o.md = next();
+    else if (a == "--quick")
+      o.quick = true;
+    else if (a == "--no-ceilings")
+      o.ceilings = false;
+    else if (a == "--only")
+      o.only = next();
     else {
       std::fprintf(stderr,
                    "usage: %s [--reps N] [--warmup N] [--json FILE] [--md FILE] [--quick] [--only H,B,CTX,QLEN,KV] "
@@ -430,8 +437,9 @@ int main(int argc, char** argv) {
         "GB/s counts KV + q + out once; TFLOP/s counts 2*b*h*q_len*ctx*1088. bf16 out with natural-log LSE, "
         "page 64, permuted block table, equal lengths. Anchors (FlashMLA, FA3, vLLM Triton MLA) from "
         "performance-anchors.md, same GPU model.\n\n";
-  md += "| kv | q_len | h_q | b | ctx | ours µs (queued) | ours µs (graph) | GB/s | % copy | TFLOP/s | % GEMM | "
-        "FlashMLA µs | FA3 µs | vLLM Triton µs | vs Triton |\n";
+  md +=
+      "| kv | q_len | h_q | b | ctx | ours µs (queued) | ours µs (graph) | GB/s | % copy | TFLOP/s | % GEMM | "
+      "FlashMLA µs | FA3 µs | vLLM Triton µs | vs Triton |\n";
   md += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const Result& r : results) {
     const Config& c = r.cfg;

@@ -29,10 +29,10 @@ struct DeviceInfo {
   std::string name;
   int compute_major = 0, compute_minor = 0;
   int multiprocessors = 0;
-  size_t total_memory = 0;          // bytes
+  size_t total_memory = 0;  // bytes
   size_t l2_bytes = 0;
-  size_t shared_memory_optin = 0;   // largest dynamic shared memory a block can opt into, bytes
-  int clock_khz = 0;                // SM clock
+  size_t shared_memory_optin = 0;  // largest dynamic shared memory a block can opt into, bytes
+  int clock_khz = 0;               // SM clock
 };
 Status device_info(int device, DeviceInfo* info);
 
@@ -64,7 +64,10 @@ class DeviceBuffer {
   ~DeviceBuffer() { reset(); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; o.bytes_ = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       reset();
@@ -91,7 +94,9 @@ class DeviceBuffer {
   }
   void* data() const { return ptr_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t size() const { return bytes_; }
 
  private:

@@ -67,16 +67,16 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 
 // Byte offset of 16-byte chunk c of row r in a swizzled [rows][72 chunks] tile.
-__device__ __forceinline__ uint32_t tile_off(int r, int c) {
-  return uint32_t(r * kRowBytes + ((c ^ (r & 7)) << 4));
-}
+__device__ __forceinline__ uint32_t tile_off(int r, int c) { return uint32_t(r * kRowBytes + ((c ^ (r & 7)) << 4)); }
 
 // Byte offset of 16-byte chunk c of row r in a swizzled [rows][T] bf16 probability tile (T = 64: 8
 // chunks per row; T = 32: 4 chunks, rows paired so that 8 consecutive rows still cover 8 bank groups).
 template <int T>
 __device__ __forceinline__ uint32_t p_off(int r, int c) {
-  if constexpr (T == 64) return uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
-  else return uint32_t(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
+  if constexpr (T == 64)
+    return uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
+  else
+    return uint32_t(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
 }
 
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
@@ -142,15 +142,15 @@ __global__ void __launch_bounds__(split_threads(MT), MT == 1 ? 2 : 1)
     mla_decode_split_kernel(const DecodeKernelParams p) {
   constexpr int kWarps = split_warps(MT);
   constexpr int kThreads = 32 * kWarps;
-  constexpr int kTile = split_tile(MT);         // keys per tile
+  constexpr int kTile = split_tile(MT);  // keys per tile
   constexpr int kTileBytes = kTile * kRowBytes;
   constexpr int kF8TileBytes = kTile * kF8RowBytes;
-  constexpr int M = 16 * MT;                    // query rows of the CTA
-  constexpr int G = kWarps / MT;                // key groups in the score phase
-  constexpr int NT = kTile / G / 8;             // 8-key n-tiles per warp in the score phase
+  constexpr int M = 16 * MT;                             // query rows of the CTA
+  constexpr int G = kWarps / MT;                         // key groups in the score phase
+  constexpr int NT = kTile / G / 8;                      // 8-key n-tiles per warp in the score phase
   constexpr int kAcc = NT == 1 ? 4 : (NT == 2 ? 2 : 1);  // independent score accumulators per n-tile
-  constexpr int kCols = kLatentDim / kWarps;    // output columns per warp
-  constexpr int NO = kCols / 8;                 // output n-tiles per warp
+  constexpr int kCols = kLatentDim / kWarps;             // output columns per warp
+  constexpr int NO = kCols / 8;                          // output n-tiles per warp
   static_assert(NT >= 1 && NO % 2 == 0, "warp layout");
   extern __shared__ __align__(128) uint8_t smem[];
   const SplitSmem L(MT, kFp8, p.kv_stages);
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(split_threads(MT), MT == 1 ? 2 : 1)
   // written to conflict-free swizzled chunks; fp8: 4, into the unswizzled staging tile), 9 chunks of
   // 16 bytes per thread and row; bf16 tiles take two row passes.
   constexpr int kTpr = kFp8 ? 4 : 8;
-  constexpr int kPasses = kTile * kTpr / kThreads;  // rows per thread: bf16 2, fp8 1
+  constexpr int kPasses = kTile * kTpr / kThreads;                                // rows per thread: bf16 2, fp8 1
   constexpr int kChunksPerThread = (kFp8 ? kF8RowBytes : kRowBytes) / 16 / kTpr;  // 9
   const int lr = tid / kTpr, ls = tid % kTpr;
   const int32_t* const bt_row = p.block_table + int64_t(seq) * p.block_table_stride;
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(split_threads(MT), MT == 1 ? 2 : 1)
     if (page >= p.max_blocks_per_seq) return -1;
     return __ldg(bt_row + page);
   };
-  auto issue = [&](int tile, const int32_t (&blk)[kPasses]) {
+  auto issue = [&](int tile, const int32_t(&blk)[kPasses]) {
     const int stage = p.kv_stages == 2 ? (tile & 1) : 0;
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
@@ -220,8 +220,8 @@ __global__ void __launch_bounds__(split_threads(MT), MT == 1 ? 2 : 1)
       const bool valid = k < k_end && blk[pass] >= 0 && blk[pass] < p.num_blocks;
       const uint8_t* src = p.kv;
       if (valid)
-        src += (int64_t(blk[pass]) * p.kv_stride_block + int64_t(k % p.block_size) * p.kv_stride_token) *
-               (kFp8 ? 1 : 2);
+        src +=
+            (int64_t(blk[pass]) * p.kv_stride_block + int64_t(k % p.block_size) * p.kv_stride_token) * (kFp8 ? 1 : 2);
       if constexpr (kFp8) {
         uint8_t* dst = f8_s + stage * kF8TileBytes + row * kF8RowBytes;
 #pragma unroll
@@ -260,9 +260,7 @@ __global__ void __launch_bounds__(split_threads(MT), MT == 1 ? 2 : 1)
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int grow = row0 + rs[e];
-    nrow[e] = grow < p.rows_per_seq
-                  ? int(sharding::visible_local_keys(len, p.q_len, grow / p.num_heads, p.shard))
-                  : 0;
+    nrow[e] = grow < p.rows_per_seq ? int(sharding::visible_local_keys(len, p.q_len, grow / p.num_heads, p.shard)) : 0;
   }
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.0f, 0.0f};
@@ -547,10 +545,10 @@ cudaError_t set_split_kernel_smem(int bytes) {
 }
 
 // Declared here, instantiated once each in decode_split_*.cu (so they compile in parallel).
-#define MLADCP_DECLARE_SPLIT_KERNEL(MT, FP8)                                                           \
+#define MLADCP_DECLARE_SPLIT_KERNEL(MT, FP8)                                                                  \
   extern template cudaError_t launch_split_kernel<MT, FP8>(const DecodeKernelParams&, int64_t, cudaStream_t); \
   extern template cudaError_t set_split_kernel_smem<MT, FP8>(int);
-#define MLADCP_INSTANTIATE_SPLIT_KERNEL(MT, FP8)                                                     \
+#define MLADCP_INSTANTIATE_SPLIT_KERNEL(MT, FP8)                                                       \
   template cudaError_t launch_split_kernel<MT, FP8>(const DecodeKernelParams&, int64_t, cudaStream_t); \
   template cudaError_t set_split_kernel_smem<MT, FP8>(int);
 

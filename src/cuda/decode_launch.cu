@@ -127,10 +127,17 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaSuccess;
   switch (p.rows_per_cta) {
-    case 16: e = launch_shape<1>(p, fp8, grid, s); break;
-    case 32: e = launch_shape<2>(p, fp8, grid, s); break;
-    case 64: e = launch_shape<4>(p, fp8, grid, s); break;
-    default: return Status::Internal("rows_per_cta=" + std::to_string(p.rows_per_cta) + ": not 16, 32 or 64");
+    case 16:
+      e = launch_shape<1>(p, fp8, grid, s);
+      break;
+    case 32:
+      e = launch_shape<2>(p, fp8, grid, s);
+      break;
+    case 64:
+      e = launch_shape<4>(p, fp8, grid, s);
+      break;
+    default:
+      return Status::Internal("rows_per_cta=" + std::to_string(p.rows_per_cta) + ": not 16, 32 or 64");
   }
   MLADCP_RETURN_IF_ERROR(cuda_status(e, "mla_decode_split_kernel launch"));
   if (p.max_splits > 1) {

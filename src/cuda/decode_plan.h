@@ -26,10 +26,11 @@ inline constexpr int kTileTokens = 64;  // keys per pipeline stage
 // 16, 32 or 64 query rows per CTA.
 MLADCP_HD int rows_per_cta(int rows_per_seq) { return rows_per_seq <= 16 ? 16 : (rows_per_seq <= 32 ? 32 : 64); }
 
-// Local keys per split: 1024 for 16 rows, 2048 for 32, 4096 for 64. More rows per CTA means more
-// arithmetic per key, so fewer, longer splits keep the partial-state traffic (rows · 2 KiB per split)
-// small against the keys read (1152 B each for bf16).
-MLADCP_HD int split_tokens(int rows_per_cta) { return 64 * rows_per_cta; }
+// Local keys per split: 2048 for 16 and 32 rows, 4096 for 64. Each split costs a partial state of
+// rows · 2 KiB written and read again by the combine kernel, against 1152 B per key read (bf16), so
+// splits must stay long; 2048 keys still give a 4K-context batch of 128 sequences one full wave of
+// 16-row CTAs (two per SM) and a single 128K sequence 64 splits.
+MLADCP_HD int split_tokens(int rows_per_cta) { return rows_per_cta >= 64 ? 4096 : 2048; }
 
 // Splits of a sequence with `local_keys` keys on this shard: at least 1 (an empty sequence still has
 // one CTA per row chunk, which writes out = 0, lse = -inf).

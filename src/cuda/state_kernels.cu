@@ -16,20 +16,32 @@ constexpr int kWarpsPerBlock = 8;
 
 __device__ __forceinline__ float load_elem(const void* base, DType t, int64_t i) {
   switch (t) {
-    case DType::kBF16: return numeric::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kFP16: return numeric::fp16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kFP32: return static_cast<const float*>(base)[i];
-    case DType::kFP8E4M3: return numeric::fp8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
+    case DType::kBF16:
+      return numeric::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kFP16:
+      return numeric::fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kFP32:
+      return static_cast<const float*>(base)[i];
+    case DType::kFP8E4M3:
+      return numeric::fp8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
   }
   return 0.0f;
 }
 
 __device__ __forceinline__ void store_elem(void* base, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::kBF16: static_cast<uint16_t*>(base)[i] = numeric::float_to_bf16(v); break;
-    case DType::kFP16: static_cast<uint16_t*>(base)[i] = numeric::float_to_fp16(v); break;
-    case DType::kFP32: static_cast<float*>(base)[i] = v; break;
-    case DType::kFP8E4M3: static_cast<uint8_t*>(base)[i] = numeric::float_to_fp8e4m3(v); break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = numeric::float_to_bf16(v);
+      break;
+    case DType::kFP16:
+      static_cast<uint16_t*>(base)[i] = numeric::float_to_fp16(v);
+      break;
+    case DType::kFP32:
+      static_cast<float*>(base)[i] = v;
+      break;
+    case DType::kFP8E4M3:
+      static_cast<uint8_t*>(base)[i] = numeric::float_to_fp8e4m3(v);
+      break;
   }
 }
 

@@ -3,8 +3,8 @@
 // indices, and argument errors that leave every output untouched.
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -111,8 +111,8 @@ void check_head_groups(int heads, int group, int q_len, std::vector<int32_t> len
 TEST(CudaDecode, HeadGroupsWithPaddedStrides) {
   MLADCP_SKIP_WITHOUT_GPU();
   check_head_groups(32, 8, 2, {0, 2, 100, 1300}, 21);
-  check_head_groups(16, 4, 1, {2100, 7}, 22);   // several splits: the combine kernel writes groups too
-  check_head_groups(128, 64, 1, {300}, 23);     // two groups = the two 64-row chunks
+  check_head_groups(16, 4, 1, {2100, 7}, 22);  // several splits: the combine kernel writes groups too
+  check_head_groups(128, 64, 1, {300}, 23);    // two groups = the two 64-row chunks
 }
 
 // Cache rows and blocks with padding (NaN), a block table with a wider row stride (huge ids in the
@@ -128,7 +128,8 @@ void check_strided_cache(DType kv, uint64_t seed) {
     for (size_t i = 0; i < cache.size(); i += 2) cache[i] = 0xc0, cache[i + 1] = 0x7f;  // bf16 NaN 0x7fc0
   for (int64_t b = 0; b < prob.num_blocks; ++b)
     for (int64_t k = 0; k < bs; ++k)
-      std::memcpy(&cache[size_t(b * kbs + k * kst) * es], &prob.kv_cache[size_t((b * bs + k) * kQkDim) * es], kQkDim * es);
+      std::memcpy(&cache[size_t(b * kbs + k * kst) * es], &prob.kv_cache[size_t((b * bs + k) * kQkDim) * es],
+                  kQkDim * es);
   const int64_t bts = prob.max_blocks_per_seq + 3;
   std::vector<int32_t> table(size_t(cfg.num_seqs * bts), synthetic::kUnusedBlockId);
   for (int s = 0; s < cfg.num_seqs; ++s)
@@ -329,13 +330,20 @@ TEST(CudaDecode, ArgumentErrorsWriteNothing) {
       {"misaligned out", "out", [](MlaDecodeParams& p, ExecContext&) { p.out = static_cast<uint16_t*>(p.out) + 4; }},
       {"q stride", "q strides", [](MlaDecodeParams& p, ExecContext&) { p.q_stride_head = 580; }},
       {"small workspace", "workspace", [](MlaDecodeParams&, ExecContext& c) { c.workspace_size -= 1; }},
-      {"no workspace", "workspace", [](MlaDecodeParams&, ExecContext& c) { c.workspace = nullptr; c.workspace_size = 0; }},
+      {"no workspace", "workspace",
+       [](MlaDecodeParams&, ExecContext& c) {
+         c.workspace = nullptr;
+         c.workspace_size = 0;
+       }},
       {"heads", "num_heads", [](MlaDecodeParams& p, ExecContext&) { p.num_heads = 0; }},
       {"q_len", "q_len", [](MlaDecodeParams& p, ExecContext&) { p.q_len = kMaxQLen + 1; }},
       {"kv dtype", "kv_dtype", [](MlaDecodeParams& p, ExecContext&) { p.kv_dtype = DType::kFP16; }},
       {"out dtype", "out_dtype", [](MlaDecodeParams& p, ExecContext&) { p.out_dtype = DType::kFP16; }},
       {"kv scale", "kv_scale", [](MlaDecodeParams& p, ExecContext&) { p.kv_scale = 2.0f; }},
-      {"interleave", "block_size", [](MlaDecodeParams& p, ExecContext&) { p.shard = {2, 0, 3}; }},
+      {"interleave", "block_size",
+       [](MlaDecodeParams& p, ExecContext&) {
+         p.shard = {2, 0, 3};
+       }},
       {"table too short", "max_seq_len", [](MlaDecodeParams& p, ExecContext&) { p.max_seq_len = 100000; }},
   };
   for (const Bad& b : bads) {
@@ -346,8 +354,8 @@ TEST(CudaDecode, ArgumentErrorsWriteNothing) {
     b.edit(p, ctx);
     const Status s = cuda->decode(p, ctx);
     EXPECT_FALSE(s.ok()) << b.name << ": accepted";
-    EXPECT_NE(s.message().find(b.mentions), std::string::npos) << b.name << ": message does not name '" << b.mentions
-                                                               << "': " << s.to_string();
+    EXPECT_NE(s.message().find(b.mentions), std::string::npos)
+        << b.name << ": message does not name '" << b.mentions << "': " << s.to_string();
   }
   MLADCP_ASSERT_OK(device_synchronize());
   ::testing::AssertionResult ok = ::testing::AssertionSuccess();

@@ -79,7 +79,8 @@ std::vector<Case> shape_cases() {
   for (int h : {1, 3, 16, 24, 64, 128}) add("heads" + std::to_string(h), config(h, 1, 64, {0, 1, 63, 65, 700}, 0));
   // Speculative tokens: the causal rule per query token.
   for (int q : {2, 3, 4})
-    for (int h : {16, 128}) add("qlen" + std::to_string(q) + "_h" + std::to_string(h), config(h, q, 16, {0, q, 17, 300}, 0));
+    for (int h : {16, 128})
+      add("qlen" + std::to_string(q) + "_h" + std::to_string(h), config(h, q, 16, {0, q, 17, 300}, 0));
   // Block sizes (any size is accepted; 48 is not a power of two).
   for (int bs : {1, 16, 32, 48, 64}) {
     std::vector<int32_t> lens = {0, 2, bs + 1, 3 * bs + 5, 250};
@@ -90,9 +91,11 @@ std::vector<Case> shape_cases() {
   // fp8-e4m3 cache with a per-tensor scale.
   for (int h : {16, 128})
     for (int q : {1, 3})
-      add("fp8_h" + std::to_string(h) + "_q" + std::to_string(q), config(h, q, 64, {0, 3, 100, 700}, 0, DType::kFP8E4M3));
+      add("fp8_h" + std::to_string(h) + "_q" + std::to_string(q),
+          config(h, q, 64, h == 16 ? std::vector<int32_t>{0, 3, 100, 700, 2100} : std::vector<int32_t>{0, 3, 100, 700},
+                 0, DType::kFP8E4M3));
   // Long sequences: several splits merged by the combine kernel, mixed with single-split sequences.
-  add("long_h16", config(16, 1, 64, {4096, 1500, 1, 0}, 0));
+  add("long_h16", config(16, 1, 64, {4096, 2500, 1500, 1, 0}, 0));
   add("long_h8_q4_fp8", config(8, 4, 32, {4096, 2100, 4}, 0, DType::kFP8E4M3));
   add("long_h64", config(64, 1, 64, {9000}, 0));
   add("long_h32_q4", config(32, 4, 64, {4396}, 0));
@@ -103,8 +106,9 @@ std::vector<Case> shape_cases() {
       for (int r = 0; r < w; ++r)
         for (int q : {1, 4}) {
           if (w == 4 && q == 1 && il == 1) continue;
-          add("dcp_w" + std::to_string(w) + "_i" + std::to_string(il) + "_r" + std::to_string(r) + "_q" + std::to_string(q),
-              config(16, q, 64, {0, q, 5, 67, 130, 2500}, 0, r % 2 ? DType::kFP8E4M3 : DType::kBF16, {w, r, il}));
+          add("dcp_w" + std::to_string(w) + "_i" + std::to_string(il) + "_r" + std::to_string(r) + "_q" +
+                  std::to_string(q),
+              config(16, q, 64, {0, q, 5, 67, 130, 2500, 4200}, 0, r % 2 ? DType::kFP8E4M3 : DType::kBF16, {w, r, il}));
         }
     }
   return cases;
@@ -137,14 +141,14 @@ TEST(CudaDecode, SingleStagePipelineMatchesReference) {
 TEST(CudaSanitize, DecodeSmallShapes) {
   MLADCP_SKIP_WITHOUT_GPU();
   auto cuda = make_backend("cuda");
-  EXPECT_TRUE(matches_oracle_on_device(*cuda, config(16, 1, 16, {0, 2, 37, 1100}, 11)));
+  EXPECT_TRUE(matches_oracle_on_device(*cuda, config(16, 1, 16, {0, 2, 37, 2100}, 11)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(24, 1, 64, {0, 5, 2100}, 12, DType::kFP8E4M3)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(64, 2, 32, {2, 200}, 13)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(16, 3, 64, {3, 150}, 14, DType::kBF16, {2, 1, 2})));
   setenv("MLADCP_CUDA_KV_STAGES", "1", 1);
   auto single = make_backend("cuda");
   unsetenv("MLADCP_CUDA_KV_STAGES");
-  EXPECT_TRUE(matches_oracle_on_device(*single, config(16, 1, 64, {150}, 15)));
+  EXPECT_TRUE(matches_oracle_on_device(*single, config(16, 1, 64, {2100}, 15)));
   EXPECT_TRUE(matches_oracle_on_device(*single, config(16, 1, 64, {150}, 16, DType::kFP8E4M3)));
 }
 

@@ -19,7 +19,9 @@ std::vector<uint8_t> encode(const std::vector<float>& v, DType t) {
   std::vector<uint8_t> b(v.size() * dtype_size(t));
   for (size_t i = 0; i < v.size(); ++i) {
     switch (t) {
-      case DType::kFP32: std::memcpy(&b[i * 4], &v[i], 4); break;
+      case DType::kFP32:
+        std::memcpy(&b[i * 4], &v[i], 4);
+        break;
       case DType::kBF16: {
         const uint16_t h = numeric::float_to_bf16(v[i]);
         std::memcpy(&b[i * 2], &h, 2);
@@ -30,7 +32,9 @@ std::vector<uint8_t> encode(const std::vector<float>& v, DType t) {
         std::memcpy(&b[i * 2], &h, 2);
         break;
       }
-      case DType::kFP8E4M3: b[i] = numeric::float_to_fp8e4m3(v[i]); break;
+      case DType::kFP8E4M3:
+        b[i] = numeric::float_to_fp8e4m3(v[i]);
+        break;
     }
   }
   return b;
@@ -83,8 +87,10 @@ float test_lse(uint64_t seed, int n, int t, int h) {
   }
   const int64_t ish = p.in_stride_head ? p.in_stride_head : D, ist = p.in_stride_token ? p.in_stride_token : H * ish,
                 iss = p.in_stride_state ? p.in_stride_state : T * ist;
-  const int64_t lst = p.lse_stride_token ? p.lse_stride_token : H, lss = p.lse_stride_state ? p.lse_stride_state : T * lst;
-  const int64_t osh = p.out_stride_head ? p.out_stride_head : D, ost = p.out_stride_token ? p.out_stride_token : H * osh;
+  const int64_t lst = p.lse_stride_token ? p.lse_stride_token : H,
+                lss = p.lse_stride_state ? p.lse_stride_state : T * lst;
+  const int64_t osh = p.out_stride_head ? p.out_stride_head : D,
+                ost = p.out_stride_token ? p.out_stride_token : H * osh;
   const int64_t olst = p.out_lse_stride_token ? p.out_lse_stride_token : H;
   std::vector<float> in(size_t(N * iss), 0.0f), lse(size_t(N * lss), 0.0f);
   for (int n = 0; n < N; ++n)
@@ -172,8 +178,8 @@ TEST(CudaMerge, MatchesHost) {
 }
 
 ::testing::AssertionResult check_rescale(int W, int rank, int T, int H, int D, DType t, LseBase base, uint64_t seed) {
-  const std::string what = "rescale W=" + std::to_string(W) + " rank=" + std::to_string(rank) + " T=" +
-                           std::to_string(T) + " H=" + std::to_string(H) + " D=" + std::to_string(D) + " " +
+  const std::string what = "rescale W=" + std::to_string(W) + " rank=" + std::to_string(rank) +
+                           " T=" + std::to_string(T) + " H=" + std::to_string(H) + " D=" + std::to_string(D) + " " +
                            dtype_name(t) + " base " + lse_base_name(base);
   std::vector<float> all_lse(size_t(W * T * H)), out(size_t(T * H * D));
   for (int n = 0; n < W; ++n)

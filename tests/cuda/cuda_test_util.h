@@ -19,15 +19,15 @@
 
 namespace mladcp::test {
 
-#define MLADCP_SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                                     \
-    if (::mladcp::cuda_device_count() == 0)                                                \
+#define MLADCP_SKIP_WITHOUT_GPU()                                                            \
+  do {                                                                                       \
+    if (::mladcp::cuda_device_count() == 0)                                                  \
       GTEST_SKIP() << "no CUDA device visible (cuda_device_count() == 0): GPU test skipped"; \
   } while (0)
 
-#define MLADCP_ASSERT_OK(expr)                          \
-  do {                                                  \
-    const ::mladcp::Status s_ = (expr);                 \
+#define MLADCP_ASSERT_OK(expr)                               \
+  do {                                                       \
+    const ::mladcp::Status s_ = (expr);                      \
     ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.to_string(); \
   } while (0)
 
@@ -49,7 +49,9 @@ class GuardedBuffer {
   }
   void* data() const { return static_cast<uint8_t*>(buf_.data()) + guard_ * dtype_size(dtype_); }
   template <typename T>
-  T* as() const { return static_cast<T*>(data()); }
+  T* as() const {
+    return static_cast<T*>(data());
+  }
   // Copies back; returns the interior (count elements, raw bytes) and checks both bands.
   ::testing::AssertionResult download(std::vector<uint8_t>* interior) {
     std::vector<uint8_t> all(host_.size());
@@ -91,7 +93,10 @@ inline DeviceBuffer to_device(const std::vector<T>& v) {
 struct DeviceProblem {
   DeviceBuffer q, kv, block_table, seq_lens;
   explicit DeviceProblem(const synthetic::Problem& p)
-      : q(to_device(p.q)), kv(to_device(p.kv_cache)), block_table(to_device(p.block_table)), seq_lens(to_device(p.seq_lens)) {}
+      : q(to_device(p.q)),
+        kv(to_device(p.kv_cache)),
+        block_table(to_device(p.block_table)),
+        seq_lens(to_device(p.seq_lens)) {}
   // The problem's params with device pointers.
   MlaDecodeParams params(const synthetic::Problem& p, void* out, DType out_dtype, float* lse, LseBase base) const {
     MlaDecodeParams m = p.params(out, out_dtype, lse, base);

@@ -71,12 +71,14 @@ if want build; then
   fi
   # Instruction mix of the bf16 split kernels (16 and 64 rows): tensor-core HMMA, ldmatrix, local memory.
   if [ $rc -eq 0 ] && command -v cuobjdump >/dev/null; then
-    cuobjdump -sass -arch sm_90a "$bin/cuda_decode_test" >"$build.sass" 2>/dev/null || true
+    sass="$(mktemp)"
+    cuobjdump -sass -arch sm_90a "$bin/cuda_decode_test" >"$sass" 2>/dev/null || true
     for k in 1 4; do
-      awk -v k="mla_decode_split_kernelILi${k}ELb0" '/Function : / {f = index($0, k) > 0} f' "$build.sass" |
+      awk -v k="mla_decode_split_kernelILi${k}ELb0" '/Function : / {f = index($0, k) > 0} f' "$sass" |
         grep -oE '^ +/\*[0-9a-f]+\*/ +[A-Z][A-Z0-9]*' | awk '{print $2}' | sort | uniq -c | sort -rn | head -n 24 |
         awk -v r=$((16 * k)) '{printf "sass (%d-row bf16 split kernel): %s %s\n", r, $2, $1}' >>"$out/build.log"
     done
+    rm -f "$sass"
   fi
   note "build: $([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc, see build.log)") ($how)"
   grep -qE '[1-9][0-9]* bytes spill' "$out/build.log" && note "build: WARNING register spills (see build.log)"
