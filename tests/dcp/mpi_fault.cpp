@@ -5,7 +5,7 @@
 // Each survivor must get kTimeout / kRemoteError within the deadline (plus slack) and prints
 //   DCP_FAULT_OK rank <r>: <status> after <ms> ms (deadline <d> ms)
 // before anything else can happen to it; a survivor that got no error, or got it too late, prints
-// DCP_FAULT_BAD and exits 1.
+// DCP_FAULT_BAD and exits 1. After an exit, the survivors leave without MPI_Finalize (see the end).
 #include <mpi.h>
 
 #include <chrono>
@@ -101,6 +101,9 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const bool faulty = rank == world - 1;
+  // The survivors-to-be, to meet once they have reported (the faulty rank is not a member).
+  MPI_Comm survivors;
+  MPI_Comm_split(MPI_COMM_WORLD, faulty ? MPI_UNDEFINED : 0, rank, &survivors);
 
   std::unique_ptr<Communicator> mpi;
   if (!make_mpi_communicator(MPI_COMM_WORLD, {}, &mpi).ok()) MPI_Abort(MPI_COMM_WORLD, 2);
@@ -141,9 +144,17 @@ int main(int argc, char** argv) {
                 dcp->communicator().health().to_string().c_str());
   }
   std::fflush(stdout);
-  // A stalled rank is still alive: meeting it lets MPI finish the operations the survivors left
-  // behind. An exited one is gone, so the survivors go straight to MPI_Finalize.
-  if (mode == "stall") MPI_Barrier(MPI_COMM_WORLD);
+  if (mode == "exit") {
+    // A rank is gone. Open MPI 4's MPI_Finalize fences with every process of the job and would wait for
+    // it forever, so the survivors meet among themselves (everyone has reported) and leave without it;
+    // mpirun then ends the job.
+    MPI_Barrier(survivors);
+    std::fflush(stdout);
+    std::_Exit(rc);
+  }
+  // A stalled rank is still alive: meeting it lets MPI finish the operations the survivors left behind.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (survivors != MPI_COMM_NULL) MPI_Comm_free(&survivors);
   dcp.reset();
   mpi.reset();
   MPI_Finalize();
