@@ -2,10 +2,42 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "cpu/kernel.h"
 
 namespace mladcp::cpu {
 namespace {
+
+// AMX: the CPU feature bits (AMX-TILE, AMX-BF16, with AVX512-BF16 for the conversions) and, on
+// Linux, the process's permission to use the tile data state (granted once per process).
+bool amx_usable() {
+#if defined(__x86_64__)
+  static const bool ok = [] {
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("fma"))
+      return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return false;
+#if defined(__linux__)
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+#endif
+    return true;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
 
 bool cpu_has(Isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -14,7 +46,7 @@ bool cpu_has(Isa isa) {
     case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Isa::kAvx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-    case Isa::kAmx: return false;
+    case Isa::kAmx: return amx_usable();
   }
   return false;
 #else
@@ -30,6 +62,9 @@ const KernelVariant* built_variant(Isa isa) {
 #endif
 #if MLADCP_CPU_HAVE_AVX512
     case Isa::kAvx512: return &avx512::kVariant;
+#endif
+#if MLADCP_CPU_HAVE_AMX
+    case Isa::kAmx: return &amx::kVariant;
 #endif
     default: return nullptr;
   }

@@ -50,5 +50,6 @@ const KernelVariant* kernel_for(Isa isa);
 namespace generic { extern const KernelVariant kVariant; }
 namespace avx2 { extern const KernelVariant kVariant; }
 namespace avx512 { extern const KernelVariant kVariant; }
+namespace amx { extern const KernelVariant kVariant; }
 
 }  // namespace mladcp::cpu

@@ -17,55 +17,13 @@
 #include <utility>
 
 #include "cpu/kernel.h"
-
-#ifndef MLADCP_CPU_NS
-#error "define MLADCP_CPU_NS, MLADCP_CPU_VW and MLADCP_CPU_ACC_REGS before including kernel_impl.h"
-#endif
+#include "cpu/kernel_vec.h"
 
 namespace mladcp::cpu::MLADCP_CPU_NS {
 namespace {
 
-constexpr int VW = MLADCP_CPU_VW;            // fp32 lanes per vector
 constexpr int kAccRegs = MLADCP_CPU_ACC_REGS;  // vector accumulators a micro-kernel may hold
-constexpr int kMaxRowVecs = kMaxChunkRows / VW;
 constexpr int kDPanel = 64;                  // qt rows kept in L1 while a row block sweeps the keys
-
-typedef float vf __attribute__((vector_size(VW * 4), aligned(4), may_alias));
-typedef int32_t vi __attribute__((vector_size(VW * 4), aligned(4), may_alias));
-typedef uint32_t vu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
-typedef uint16_t vh __attribute__((vector_size(VW * 2), aligned(2), may_alias));
-typedef uint8_t vb __attribute__((vector_size(VW)));
-
-inline vf vload(const float* p) { return *reinterpret_cast<const vf*>(p); }
-inline void vstore(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
-template <size_t... I>
-inline vf splat_impl(float x, std::index_sequence<I...>) {
-  return vf{((void)I, x)...};
-}
-// Broadcast (vf{} + x would add 0.0, which the compiler must keep for x = -0).
-inline vf splat(float x) { return splat_impl(x, std::make_index_sequence<VW>{}); }
-
-// 2^x, 0 for x < -126 (and -inf); x ≤ 127. Relative error about 2e-7: x = n + f with f in
-// [-0.5, 0.5], 2^f by a degree-7 Taylor polynomial of e^(f·ln 2), 2^n added to the exponent bits.
-inline vf exp2v(vf x) {
-  const vi keep = x >= splat(-126.0f);
-  x = x < splat(-126.0f) ? splat(-126.0f) : x;
-  x = x > splat(127.0f) ? splat(127.0f) : x;
-  const vf shifter = splat(12582912.0f);  // 1.5 · 2^23: adding it rounds to the nearest integer
-  const vf t = x + shifter;
-  const vf n = t - shifter;
-  const vf f = (x - n) * 0.69314718055994530942f;
-  vf poly = splat(1.0f / 5040.0f);
-  poly = poly * f + (1.0f / 720.0f);
-  poly = poly * f + (1.0f / 120.0f);
-  poly = poly * f + (1.0f / 24.0f);
-  poly = poly * f + (1.0f / 6.0f);
-  poly = poly * f + 0.5f;
-  poly = poly * f + 1.0f;
-  poly = poly * f + 1.0f;
-  const vi bits = (reinterpret_cast<const vi&>(poly) + ((reinterpret_cast<const vi&>(t) - 0x4b400000) << 23)) & keep;
-  return reinterpret_cast<const vf&>(bits);
-}
 
 // Accumulator shapes. Scores: MK keys × NV row vectors, MK a power of two dividing kTileKeys.
 constexpr int score_keys(int nv) {
@@ -163,62 +121,6 @@ void outputs(const float* pt, int stride, const float* kv, int keys, float* o, c
   }
 }
 
-inline vf widen_bf16(const uint16_t* src) {
-  const vu w = __builtin_convertvector(*reinterpret_cast<const vh*>(src), vu) << 16;
-  return reinterpret_cast<const vf&>(w);
-}
-
-// One cached token (576 values) to fp32, without the per-tensor scale.
-inline void convert_bf16(const uint16_t* __restrict src, float* __restrict dst) {
-  for (int d = 0; d < kQkDim; d += VW) vstore(dst + d, widen_bf16(src + d));
-}
-
-// In-register transpose of a VW × VW block: log2(VW) butterfly stages of two-source shuffles.
-template <int K, size_t... J>
-constexpr vi low_mask(std::index_sequence<J...>) {
-  return vi{int((J & K) == 0 ? J : VW + J - K)...};
-}
-template <int K, size_t... J>
-constexpr vi high_mask(std::index_sequence<J...>) {
-  return vi{int((J & K) == 0 ? J + K : VW + J)...};
-}
-template <int K>
-inline void transpose_stage(vf* rows) {
-  constexpr vi lo = low_mask<K>(std::make_index_sequence<VW>{});
-  constexpr vi hi = high_mask<K>(std::make_index_sequence<VW>{});
-  for (int i = 0; i < VW; ++i) {
-    if (i & K) continue;
-    const vf x = rows[i], y = rows[i + K];
-    rows[i] = __builtin_shuffle(x, y, lo);
-    rows[i + K] = __builtin_shuffle(x, y, hi);
-  }
-}
-inline void transpose(vf* rows) {
-  transpose_stage<1>(rows);
-  transpose_stage<2>(rows);
-  if constexpr (VW > 4) transpose_stage<4>(rows);
-  if constexpr (VW > 8) transpose_stage<8>(rows);
-}
-
-// e4m3fn with integer arithmetic only (a float multiply on the fp32 denormals that a bit shift
-// would produce costs a microcode assist on x86): normals move their exponent and mantissa into
-// place and rebias the exponent (+120); subnormals are m · 2^-9; 0x7f/0xff are NaN.
-inline void convert_fp8(const uint8_t* __restrict src, float* __restrict dst) {
-  for (int d = 0; d < kQkDim; d += VW) {
-    vb bytes;
-    std::memcpy(&bytes, src + d, sizeof(bytes));
-    // Widened in two steps: GCC turns the one-step byte to dword conversion into scalar code.
-    const vu w = __builtin_convertvector(__builtin_convertvector(bytes, vh), vu);
-    const vu mag = w & 0x7fu;
-    const vu normal = (mag << 20) + (120u << 23);
-    const vf sub = __builtin_convertvector(reinterpret_cast<const vi&>(mag), vf) * 0.001953125f;  // m · 2^-9
-    vu bits = (mag >> 3) == 0u ? reinterpret_cast<const vu&>(sub) : normal;
-    bits = mag == 0x7fu ? vu{} + 0x7fc00000u : bits;
-    bits |= (w & 0x80u) << 24;
-    vstore(dst + d, reinterpret_cast<const vf&>(bits));
-  }
-}
-
 // Keys [k0, k0 + n) of the chunk's sequence into kv[0, n); rows [n, pad) zeroed.
 void load_tile(const MlaDecodeParams& p, int seq, int64_t k0, int n, int pad, float* kv) {
   const int32_t* table = p.block_table + seq * p.block_table_stride;
@@ -298,37 +200,19 @@ void run_chunk(const ChunkArgs& a, float* scratch) {
     // Online softmax, one vector of rows at a time: lanes are rows, the loop runs over keys.
     for (int v = v0; v < nvec; ++v) {
       const int rb = v * VW;
-      vi lim;
+      vi lim{};
+      vf mv{}, lv{}, av{};
       for (int e = 0; e < VW; ++e) {
-        const int64_t left = rb + e < R ? visible[rb + e] - k0 : 0;
-        lim[e] = int32_t(std::clamp<int64_t>(left, 0, n));
+        const bool row = rb + e < R;
+        lim[e] = row ? int32_t(std::clamp<int64_t>(visible[rb + e] - k0, 0, n)) : 0;
+        mv[e] = row ? m[rb + e] : -INFINITY;
+        lv[e] = row ? l[rb + e] : 0.0f;
       }
-      vf tile_max = splat(-INFINITY);
-      for (int j = 0; j < n; ++j) {
-        const vf s = vload(st + j * RP + rb);
-        tile_max = ((vi{} + j) < lim) & (s > tile_max) ? s : tile_max;
-      }
-      vf m_old, l_old;
-      for (int e = 0; e < VW; ++e) {
-        m_old[e] = rb + e < R ? m[rb + e] : -INFINITY;
-        l_old[e] = rb + e < R ? l[rb + e] : 0.0f;
-      }
-      const vf m_new = tile_max > m_old ? tile_max : m_old;
-      const vi none = m_new == splat(-INFINITY);
-      const vf shift = none ? vf{} : m_new;
-      const vf scale = none ? splat(1.0f) : exp2v(m_old - shift);
-      vf sum = vf{};
-      for (int j = 0; j < n; ++j) {
-        const vf s = vload(st + j * RP + rb);
-        const vf pj = (vi{} + j) < lim ? exp2v(s - shift) : vf{};
-        vstore(st + j * RP + rb, pj);
-        sum += pj;
-      }
-      const vf l_new = l_old * scale + sum;
+      softmax_rows(st + rb, RP, n, 1.0f, lim, mv, lv, av);
       for (int e = 0; e < VW && rb + e < R; ++e) {
-        m[rb + e] = m_new[e];
-        l[rb + e] = l_new[e];
-        alpha[rb + e] = scale[e];
+        m[rb + e] = mv[e];
+        l[rb + e] = lv[e];
+        alpha[rb + e] = av[e];
       }
     }
     outputs(st, RP, kv, n, o, alpha, ra, R);
