@@ -105,7 +105,8 @@ class CpuBackend final : public Backend {
 
     // Split keys into chunks of a whole number of tiles; the size depends only on the inputs, so the
     // result is the same whatever the thread count.
-    int64_t chunk_keys = (total_keys + plan_.target_items - 1) / std::max(1, plan_.target_items);
+    const int target = plan_.target_items > 0 ? plan_.target_items : std::max(8, 4 * ThreadPool::instance().size());
+    int64_t chunk_keys = (total_keys + target - 1) / target;
     chunk_keys = std::clamp<int64_t>(chunk_keys, plan_.min_chunk_keys, plan_.max_chunk_keys);
     chunk_keys = std::max<int64_t>(kTileKeys, (chunk_keys + kTileKeys - 1) / kTileKeys * kTileKeys);
     std::vector<Chunk> chunks;

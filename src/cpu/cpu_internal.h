@@ -13,7 +13,10 @@ std::unique_ptr<Backend> make_cpu_backend_with(const KernelVariant& kernel);
 
 // Split plan knobs, exposed so tests can force many small chunks.
 struct PlanOptions {
-  int target_items = 32;       // aim for about this many work items per call
+  // Aim for about this many work items per call; 0: four per hardware thread (at least 8). The
+  // plan never depends on ExecContext::num_threads, so a call gives the same bits on any number
+  // of threads.
+  int target_items = 0;
   int64_t min_chunk_keys = 256;
   int64_t max_chunk_keys = 4096;
 };
