@@ -240,33 +240,70 @@ void run_chunk(const ChunkArgs& a, float* scratch_floats) {
     const uint16_t* kblock[kKeyBlocks];
     for (int kb = 0; kb < key_blocks; ++kb) kblock[kb] = direct ? rows[kb * 16] : stage + size_t(kb) * 16 * kQkDim;
 
-    // Scores^T for the active row blocks, one key block at a time. K alternates between tiles 4
-    // and 6 and Q^T between 5 and 7, so each load overlaps the dot product reading the other.
-    for (int rb = rb0; rb < RB; ++rb) {
+    // Scores^T for the active row blocks. Two row blocks at a time: accumulators 0-3 hold
+    // (key block kb, kb + 1) × (row block rb, rb + 1), K in tiles 4/6 and Q^T in 5/7, one tile load
+    // per dot product. A single row block: accumulators 0-3 hold the four key blocks, Q^T in 5
+    // and K alternating between 4 and 6.
+    int rb = rb0;
+    for (; rb + 1 < RB; rb += 2) {
+      const uint32_t* q0 = qt + size_t(rb) * kDimSteps * 256;
+      const uint32_t* q1 = q0 + kDimSteps * 256;
+      float* s0 = st + size_t(rb) * kTileKeys * 16;
+      float* s1 = s0 + kTileKeys * 16;
+      for (int kb = 0; kb < key_blocks; kb += 2) {
+        const bool pair = kb + 1 < key_blocks;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int ds = 0; ds < kDimSteps; ++ds) {
+          _tile_loadd(5, q0 + ds * 256, 64);
+          _tile_loadd(7, q1 + ds * 256, 64);
+          _tile_loadd(4, kblock[kb] + ds * 32, kstride);
+          _tile_dpbf16ps(0, 4, 5);
+          _tile_dpbf16ps(2, 4, 7);
+          if (pair) {
+            _tile_loadd(6, kblock[kb + 1] + ds * 32, kstride);
+            _tile_dpbf16ps(1, 6, 5);
+            _tile_dpbf16ps(3, 6, 7);
+          }
+        }
+        _tile_stored(0, s0 + kb * 16 * 16, 64);
+        _tile_stored(2, s1 + kb * 16 * 16, 64);
+        if (pair) {
+          _tile_stored(1, s0 + (kb + 1) * 16 * 16, 64);
+          _tile_stored(3, s1 + (kb + 1) * 16 * 16, 64);
+        }
+      }
+    }
+    if (rb < RB) {
       const uint32_t* qtb = qt + size_t(rb) * kDimSteps * 256;
       float* s = st + size_t(rb) * kTileKeys * 16;
-#define MLADCP_SCORE_BLOCK(ACC, KB)                      \
-  _tile_zero(ACC);                                       \
-  for (int ds = 0; ds < kDimSteps; ds += 2) {            \
-    _tile_loadd(4, kblock[KB] + ds * 32, kstride);       \
-    _tile_loadd(5, qtb + ds * 256, 64);                  \
-    _tile_dpbf16ps(ACC, 4, 5);                           \
-    _tile_loadd(6, kblock[KB] + (ds + 1) * 32, kstride); \
-    _tile_loadd(7, qtb + (ds + 1) * 256, 64);            \
-    _tile_dpbf16ps(ACC, 6, 7);                           \
-  }                                                      \
-  _tile_stored(ACC, s + (KB) * 16 * 16, 64);
-      MLADCP_SCORE_BLOCK(0, 0)
-      if (key_blocks > 1) {
-        MLADCP_SCORE_BLOCK(1, 1)
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int ds = 0; ds < kDimSteps; ++ds) {
+        _tile_loadd(5, qtb + ds * 256, 64);
+        _tile_loadd(4, kblock[0] + ds * 32, kstride);
+        _tile_dpbf16ps(0, 4, 5);
+        if (key_blocks > 1) {
+          _tile_loadd(6, kblock[1] + ds * 32, kstride);
+          _tile_dpbf16ps(1, 6, 5);
+        }
+        if (key_blocks > 2) {
+          _tile_loadd(4, kblock[2] + ds * 32, kstride);
+          _tile_dpbf16ps(2, 4, 5);
+        }
+        if (key_blocks > 3) {
+          _tile_loadd(6, kblock[3] + ds * 32, kstride);
+          _tile_dpbf16ps(3, 6, 5);
+        }
       }
-      if (key_blocks > 2) {
-        MLADCP_SCORE_BLOCK(2, 2)
-      }
-      if (key_blocks > 3) {
-        MLADCP_SCORE_BLOCK(3, 3)
-      }
-#undef MLADCP_SCORE_BLOCK
+      _tile_stored(0, s, 64);
+      if (key_blocks > 1) _tile_stored(1, s + 16 * 16, 64);
+      if (key_blocks > 2) _tile_stored(2, s + 32 * 16, 64);
+      if (key_blocks > 3) _tile_stored(3, s + 48 * 16, 64);
     }
 
     // Online softmax per row block (lanes are rows), then P split into bf16 hi + lo, transposed
