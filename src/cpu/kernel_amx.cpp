@@ -277,33 +277,29 @@ void run_chunk(const ChunkArgs& a, float* scratch_floats) {
       }
     }
     if (rb < RB) {
+      // One row block: two key blocks at a time (accumulators 0, 1); Q^T double-buffered in 5/7 and
+      // K in 2/3 and 4/6, so the next step's loads never wait for a dot product still reading.
       const uint32_t* qtb = qt + size_t(rb) * kDimSteps * 256;
       float* s = st + size_t(rb) * kTileKeys * 16;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int ds = 0; ds < kDimSteps; ++ds) {
-        _tile_loadd(5, qtb + ds * 256, 64);
-        _tile_loadd(4, kblock[0] + ds * 32, kstride);
-        _tile_dpbf16ps(0, 4, 5);
-        if (key_blocks > 1) {
-          _tile_loadd(6, kblock[1] + ds * 32, kstride);
-          _tile_dpbf16ps(1, 6, 5);
+      for (int kb = 0; kb < key_blocks; kb += 2) {
+        const bool pair = kb + 1 < key_blocks;
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int ds = 0; ds < kDimSteps; ds += 2) {
+          _tile_loadd(5, qtb + ds * 256, 64);
+          _tile_loadd(2, kblock[kb] + ds * 32, kstride);
+          if (pair) _tile_loadd(3, kblock[kb + 1] + ds * 32, kstride);
+          _tile_dpbf16ps(0, 2, 5);
+          if (pair) _tile_dpbf16ps(1, 3, 5);
+          _tile_loadd(7, qtb + (ds + 1) * 256, 64);
+          _tile_loadd(4, kblock[kb] + (ds + 1) * 32, kstride);
+          if (pair) _tile_loadd(6, kblock[kb + 1] + (ds + 1) * 32, kstride);
+          _tile_dpbf16ps(0, 4, 7);
+          if (pair) _tile_dpbf16ps(1, 6, 7);
         }
-        if (key_blocks > 2) {
-          _tile_loadd(4, kblock[2] + ds * 32, kstride);
-          _tile_dpbf16ps(2, 4, 5);
-        }
-        if (key_blocks > 3) {
-          _tile_loadd(6, kblock[3] + ds * 32, kstride);
-          _tile_dpbf16ps(3, 6, 5);
-        }
+        _tile_stored(0, s + kb * 16 * 16, 64);
+        if (pair) _tile_stored(1, s + (kb + 1) * 16 * 16, 64);
       }
-      _tile_stored(0, s, 64);
-      if (key_blocks > 1) _tile_stored(1, s + 16 * 16, 64);
-      if (key_blocks > 2) _tile_stored(2, s + 32 * 16, 64);
-      if (key_blocks > 3) _tile_stored(3, s + 48 * 16, 64);
     }
 
     // Online softmax per row block (lanes are rows), then P split into bf16 hi + lo, transposed
@@ -351,18 +347,29 @@ void run_chunk(const ChunkArgs& a, float* scratch_floats) {
     }
 
     // out += P_hi · V + P_lo · V, 32 columns (two column blocks) at a time. The V tiles of a column
-    // pair are packed into one of two small buffers just before use, so they stay in L1.
+    // pair are packed into one of two small L1 buffers one step ahead of their use, so the tile
+    // loads never wait for the stores that wrote them.
     const bool second_half = n > 32;
     const int key_pairs = second_half ? kTileKeys / 2 : 16;
+    const bool one_block = RB - rb0 == 1;
+    auto load_p = [&](int rb) {
+      const uint16_t* hi = p_hi + size_t(rb) * 16 * kTileKeys;
+      const uint16_t* lo = p_lo + size_t(rb) * 16 * kTileKeys;
+      _tile_loadd(2, hi, kTileKeys * 2);
+      _tile_loadd(6, lo, kTileKeys * 2);
+      if (second_half) {
+        _tile_loadd(3, hi + 32, kTileKeys * 2);
+        _tile_loadd(7, lo + 32, kTileKeys * 2);
+      }
+    };
+    if (one_block) load_p(rb0);
+    pack_value_columns(rows, key_pairs, 0, vp);
     for (int cp = 0; cp < kColBlocks / 2; ++cp) {
-      uint16_t* buf = vp + (cp & 1) * 4 * 512;
-      pack_value_columns(rows, key_pairs, cp, buf);
+      const uint16_t* buf = vp + (cp & 1) * 4 * 512;
+      if (cp + 1 < kColBlocks / 2) pack_value_columns(rows, key_pairs, cp + 1, vp + ((cp + 1) & 1) * 4 * 512);
       for (int rb = rb0; rb < RB; ++rb) {
-        const uint16_t* hi = p_hi + size_t(rb) * 16 * kTileKeys;
-        const uint16_t* lo = p_lo + size_t(rb) * 16 * kTileKeys;
+        if (!one_block) load_p(rb);
         float* orow = o + size_t(rb) * 16 * kLatentDim + cp * 32;
-        _tile_loadd(2, hi, kTileKeys * 2);
-        _tile_loadd(6, lo, kTileKeys * 2);
         _tile_loadd(0, orow, kLatentDim * 4);
         _tile_loadd(1, buf, 64);
         _tile_loadd(4, orow + 16, kLatentDim * 4);
@@ -372,8 +379,6 @@ void run_chunk(const ChunkArgs& a, float* scratch_floats) {
         _tile_dpbf16ps(0, 6, 1);
         _tile_dpbf16ps(4, 6, 5);
         if (second_half) {
-          _tile_loadd(3, hi + 32, kTileKeys * 2);
-          _tile_loadd(7, lo + 32, kTileKeys * 2);
           _tile_loadd(1, buf + 1024, 64);
           _tile_loadd(5, buf + 1536, 64);
           _tile_dpbf16ps(0, 3, 1);
