@@ -5,7 +5,6 @@ namespace mladcp::nccl_detail {
 namespace {
 
 constexpr bool kHeaderHasAllToAll = NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0);
-constexpr bool kHeaderHasRevoke = NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0);
 
 class RealDriver final : public Driver {
  public:
@@ -25,8 +24,8 @@ class RealDriver final : public Driver {
   ncclResult_t comm_destroy(ncclComm_t comm) override { return ncclCommDestroy(comm); }
   ncclResult_t comm_abort(ncclComm_t comm) override { return ncclCommAbort(comm); }
   ncclResult_t comm_revoke(ncclComm_t comm) override {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    if (kHeaderHasRevoke && version() >= NCCL_VERSION(2, 28, 0)) return ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT);
+#if defined(NCCL_REVOKE_DEFAULT)  // ncclCommRevoke arrived within 2.28.x: test the header, not the version
+    if (version() >= NCCL_VERSION(2, 28, 0)) return ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT);
 #else
     (void)comm;
 #endif
