@@ -65,7 +65,8 @@ const synthetic::Problem& problem_for(const Shape& s) {
 double decode_flops(const synthetic::Problem& p) {
   double keys = 0;
   for (int32_t len : p.seq_lens)
-    for (int i = 0; i < p.config.q_len; ++i) keys += double(sharding::visible_local_keys(len, p.config.q_len, i, p.config.shard));
+    for (int i = 0; i < p.config.q_len; ++i)
+      keys += double(sharding::visible_local_keys(len, p.config.q_len, i, p.config.shard));
   return 2.0 * (kQkDim + kLatentDim) * p.config.num_heads * keys;
 }
 
@@ -87,7 +88,8 @@ void bm_decode(benchmark::State& state, std::unique_ptr<Backend> backend, Shape 
     }
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["bytes/s"] = benchmark::Counter(decode_bytes(p, DType::kBF16), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes/s"] =
+      benchmark::Counter(decode_bytes(p, DType::kBF16), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["FLOP/s"] = benchmark::Counter(decode_flops(p), benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -169,7 +171,8 @@ void bm_fma_peak(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(sink);
 #endif
   state.SetLabel(isa + " x " + std::to_string(threads) + " threads");
-  state.counters["FLOP/s"] = benchmark::Counter(flops_per_thread * threads, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(flops_per_thread * threads, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Console output plus a closing summary: each decode as a fraction of the ceilings.
@@ -192,12 +195,15 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   }
   void Finalize() override {
     ConsoleReporter::Finalize();
-    std::printf("\nCeilings: copy %.1f GB/s (1 GiB, read+write), copy %.1f GB/s (KV-sized buffer), fp32 FMA peak %.1f GFLOP/s\n",
-                copy_dram_ / 1e9, copy_kv_ / 1e9, fma_ / 1e9);
+    std::printf(
+        "\nCeilings: copy %.1f GB/s (1 GiB, read+write), copy %.1f GB/s (KV-sized buffer), fp32 FMA peak %.1f "
+        "GFLOP/s\n",
+        copy_dram_ / 1e9, copy_kv_ / 1e9, fma_ / 1e9);
     for (const auto& d : decodes_)
-      std::printf("%-48s %8.2f GB/s = %5.1f%% of copy(1 GiB), %5.1f%% of copy(KV-sized); %8.1f GFLOP/s = %5.1f%% of FMA peak\n",
-                  d.name.c_str(), d.bytes / 1e9, copy_dram_ > 0 ? 100 * d.bytes / copy_dram_ : 0.0,
-                  copy_kv_ > 0 ? 100 * d.bytes / copy_kv_ : 0.0, d.flops / 1e9, fma_ > 0 ? 100 * d.flops / fma_ : 0.0);
+      std::printf(
+          "%-48s %8.2f GB/s = %5.1f%% of copy(1 GiB), %5.1f%% of copy(KV-sized); %8.1f GFLOP/s = %5.1f%% of FMA peak\n",
+          d.name.c_str(), d.bytes / 1e9, copy_dram_ > 0 ? 100 * d.bytes / copy_dram_ : 0.0,
+          copy_kv_ > 0 ? 100 * d.bytes / copy_kv_ : 0.0, d.flops / 1e9, fma_ > 0 ? 100 * d.flops / fma_ : 0.0);
   }
 
  private:
@@ -217,7 +223,10 @@ void register_all() {
   const Shape v3_128_mtp{128, 4, 4096, 2, 64, DType::kBF16};
   const Shape small{16, 1, 512, 1, 64, DType::kBF16};
 
-  benchmark::RegisterBenchmark("copy/1GiB", bm_copy)->Arg(int64_t(1) << 30)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("copy/1GiB", bm_copy)
+      ->Arg(int64_t(1) << 30)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
   const int64_t kv_bytes = int64_t(problem_for(v3_16).kv_bytes_used());
   benchmark::RegisterBenchmark("copy/kv-size", bm_copy)->Arg(kv_bytes)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("fma_peak", bm_fma_peak)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -241,11 +250,14 @@ void register_all() {
   }
   std::unique_ptr<Backend> probe;
   if (create_backend("cpu-reference", &probe).ok())
-    benchmark::RegisterBenchmark(("decode/cpu-reference/" + shape_name(small)).c_str(), [small](benchmark::State& st) {
-      std::unique_ptr<Backend> b;
-      (void)create_backend("cpu-reference", &b);
-      bm_decode(st, std::move(b), small);
-    })->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("decode/cpu-reference/" + shape_name(small)).c_str(),
+                                 [small](benchmark::State& st) {
+                                   std::unique_ptr<Backend> b;
+                                   (void)create_backend("cpu-reference", &b);
+                                   bm_decode(st, std::move(b), small);
+                                 })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace

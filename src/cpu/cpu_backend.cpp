@@ -24,7 +24,7 @@ namespace {
 struct RowGroup {
   int seq = 0;
   int row_begin = 0, row_end = 0;
-  int64_t keys = 0;        // keys visible to the group's last row (the most any of its rows sees)
+  int64_t keys = 0;  // keys visible to the group's last row (the most any of its rows sees)
   int first_chunk = 0, num_chunks = 0;
 };
 
@@ -162,9 +162,7 @@ class CpuBackend final : public Backend {
       kernel_.run(a, scratch + per_thread * size_t(slot));
     });
 
-    pool.parallel_for(int(groups.size()), threads, [&](int g, int) {
-      combine(p, groups[size_t(g)], chunks, partial);
-    });
+    pool.parallel_for(int(groups.size()), threads, [&](int g, int) { combine(p, groups[size_t(g)], chunks, partial); });
     return Status::Ok();
   }
 

@@ -42,11 +42,15 @@ bool amx_usable() {
 bool cpu_has(Isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
   switch (isa) {
-    case Isa::kGeneric: return true;
-    case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case Isa::kAvx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-    case Isa::kAmx: return amx_usable();
+    case Isa::kGeneric:
+      return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+    case Isa::kAmx:
+      return amx_usable();
   }
   return false;
 #else
@@ -56,17 +60,22 @@ bool cpu_has(Isa isa) {
 
 const KernelVariant* built_variant(Isa isa) {
   switch (isa) {
-    case Isa::kGeneric: return &generic::kVariant;
+    case Isa::kGeneric:
+      return &generic::kVariant;
 #if MLADCP_CPU_HAVE_AVX2
-    case Isa::kAvx2: return &avx2::kVariant;
+    case Isa::kAvx2:
+      return &avx2::kVariant;
 #endif
 #if MLADCP_CPU_HAVE_AVX512
-    case Isa::kAvx512: return &avx512::kVariant;
+    case Isa::kAvx512:
+      return &avx512::kVariant;
 #endif
 #if MLADCP_CPU_HAVE_AMX
-    case Isa::kAmx: return &amx::kVariant;
+    case Isa::kAmx:
+      return &amx::kVariant;
 #endif
-    default: return nullptr;
+    default:
+      return nullptr;
   }
 }
 
@@ -74,10 +83,14 @@ const KernelVariant* built_variant(Isa isa) {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kGeneric: return "generic";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAmx: return "amx";
+    case Isa::kGeneric:
+      return "generic";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAmx:
+      return "amx";
   }
   return "?";
 }

@@ -14,19 +14,19 @@
 
 namespace mladcp::cpu {
 
-inline constexpr int kTileKeys = 64;         // keys converted and consumed together
-inline constexpr int kMaxChunkRows = 128;    // query rows sharing one pass over a chunk's keys
+inline constexpr int kTileKeys = 64;       // keys converted and consumed together
+inline constexpr int kMaxChunkRows = 128;  // query rows sharing one pass over a chunk's keys
 
 struct ChunkArgs {
   const MlaDecodeParams* p = nullptr;  // strides filled in (with_default_strides)
   int seq = 0;
-  int row_begin = 0, row_end = 0;       // rows r = i · H + h of this sequence, at most kMaxChunkRows
-  int64_t key_begin = 0, key_end = 0;   // local keys [key_begin, key_end), key_end ≤ visible[q_len - 1]
-  const int64_t* visible = nullptr;     // [q_len] visible local keys of each query token of this sequence
-  float score_scale = 0.0f;             // softmax_scale · kv_scale · log2(e): scores in base 2
-  float value_scale = 1.0f;             // kv_scale, applied to the output
-  float* out = nullptr;                 // [rows, 512] normalized partial output (0 for a row without keys)
-  float* lse2 = nullptr;                // [rows] base-2 LSE of this chunk (-inf for a row without keys)
+  int row_begin = 0, row_end = 0;      // rows r = i · H + h of this sequence, at most kMaxChunkRows
+  int64_t key_begin = 0, key_end = 0;  // local keys [key_begin, key_end), key_end ≤ visible[q_len - 1]
+  const int64_t* visible = nullptr;    // [q_len] visible local keys of each query token of this sequence
+  float score_scale = 0.0f;            // softmax_scale · kv_scale · log2(e): scores in base 2
+  float value_scale = 1.0f;            // kv_scale, applied to the output
+  float* out = nullptr;                // [rows, 512] normalized partial output (0 for a row without keys)
+  float* lse2 = nullptr;               // [rows] base-2 LSE of this chunk (-inf for a row without keys)
 };
 
 // Instruction-set variants of the kernel. kAmx uses the AMX tile unit (bf16 inputs, fp32 accumulation).
@@ -47,9 +47,17 @@ const KernelVariant& best_kernel();
 // The variant for `isa` or nullptr when this build or machine lacks it.
 const KernelVariant* kernel_for(Isa isa);
 
-namespace generic { extern const KernelVariant kVariant; }
-namespace avx2 { extern const KernelVariant kVariant; }
-namespace avx512 { extern const KernelVariant kVariant; }
-namespace amx { extern const KernelVariant kVariant; }
+namespace generic {
+extern const KernelVariant kVariant;
+}
+namespace avx2 {
+extern const KernelVariant kVariant;
+}
+namespace avx512 {
+extern const KernelVariant kVariant;
+}
+namespace amx {
+extern const KernelVariant kVariant;
+}
 
 }  // namespace mladcp::cpu

@@ -23,7 +23,7 @@ namespace mladcp::cpu::MLADCP_CPU_NS {
 namespace {
 
 constexpr int kAccRegs = MLADCP_CPU_ACC_REGS;  // vector accumulators a micro-kernel may hold
-constexpr int kDPanel = 64;                  // qt rows kept in L1 while a row block sweeps the keys
+constexpr int kDPanel = 64;                    // qt rows kept in L1 while a row block sweeps the keys
 
 // Accumulator shapes. Scores: MK keys × NV row vectors, MK a power of two dividing kTileKeys.
 constexpr int score_keys(int nv) {
@@ -71,10 +71,18 @@ void scores(const float* kv, int keys, const float* qt, int stride, float* st, i
     const float* q = qt + v * VW;
     float* s = st + v * VW;
     switch (nv) {
-      case 1: scores_nv<1>(kv, keys, q, stride, s); break;
-      case 2: scores_nv<2>(kv, keys, q, stride, s); break;
-      case 3: if constexpr (kMaxScoreVecs >= 3) scores_nv<3>(kv, keys, q, stride, s); break;
-      case 4: if constexpr (kMaxScoreVecs >= 4) scores_nv<4>(kv, keys, q, stride, s); break;
+      case 1:
+        scores_nv<1>(kv, keys, q, stride, s);
+        break;
+      case 2:
+        scores_nv<2>(kv, keys, q, stride, s);
+        break;
+      case 3:
+        if constexpr (kMaxScoreVecs >= 3) scores_nv<3>(kv, keys, q, stride, s);
+        break;
+      case 4:
+        if constexpr (kMaxScoreVecs >= 4) scores_nv<4>(kv, keys, q, stride, s);
+        break;
     }
   }
 }
@@ -110,12 +118,24 @@ void outputs(const float* pt, int stride, const float* kv, int keys, float* o, c
       float* out = o + r * kLatentDim + c;
       const float* a = alpha + r;
       switch (std::min(kOutRows, r1 - r)) {
-        case 1: output_block<1>(p, stride, v, keys, out, a); break;
-        case 2: output_block<2>(p, stride, v, keys, out, a); break;
-        case 3: output_block<3>(p, stride, v, keys, out, a); break;
-        case 4: output_block<4>(p, stride, v, keys, out, a); break;
-        case 5: output_block<5>(p, stride, v, keys, out, a); break;
-        case 6: output_block<6>(p, stride, v, keys, out, a); break;
+        case 1:
+          output_block<1>(p, stride, v, keys, out, a);
+          break;
+        case 2:
+          output_block<2>(p, stride, v, keys, out, a);
+          break;
+        case 3:
+          output_block<3>(p, stride, v, keys, out, a);
+          break;
+        case 4:
+          output_block<4>(p, stride, v, keys, out, a);
+          break;
+        case 5:
+          output_block<5>(p, stride, v, keys, out, a);
+          break;
+        case 6:
+          output_block<6>(p, stride, v, keys, out, a);
+          break;
       }
     }
   }

@@ -80,7 +80,6 @@ void reference_row(const MlaDecodeParams& p, const std::vector<double>& keys, in
   }
 }
 
-
 class CpuReferenceBackend final : public Backend {
  public:
   CpuReferenceBackend() {

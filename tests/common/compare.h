@@ -37,10 +37,16 @@ inline bool is_sentinel(float v) { return bits_of(v) == kSentinelF32 || bits_of(
 // Fills `count` elements of `dtype` at `data` with the sentinel (fp8: 0x7f, its NaN).
 inline void fill_sentinel(void* data, DType dtype, size_t count) {
   switch (dtype) {
-    case DType::kFP32: std::fill_n(static_cast<uint32_t*>(data), count, kSentinelF32); break;
+    case DType::kFP32:
+      std::fill_n(static_cast<uint32_t*>(data), count, kSentinelF32);
+      break;
     case DType::kBF16:
-    case DType::kFP16: std::fill_n(static_cast<uint16_t*>(data), count, kSentinelB16); break;
-    case DType::kFP8E4M3: std::fill_n(static_cast<uint8_t*>(data), count, uint8_t(0x7f)); break;
+    case DType::kFP16:
+      std::fill_n(static_cast<uint16_t*>(data), count, kSentinelB16);
+      break;
+    case DType::kFP8E4M3:
+      std::fill_n(static_cast<uint8_t*>(data), count, uint8_t(0x7f));
+      break;
   }
 }
 inline void fill_sentinel(std::vector<float>& v) { fill_sentinel(v.data(), DType::kFP32, v.size()); }
@@ -48,13 +54,16 @@ inline void fill_sentinel(std::vector<float>& v) { fill_sentinel(v.data(), DType
 // Element i of a buffer of `dtype`, widened to fp32 (bf16 sentinels stay recognizable).
 inline float load_float(const void* data, DType dtype, size_t i) {
   switch (dtype) {
-    case DType::kFP32: return static_cast<const float*>(data)[i];
-    case DType::kBF16: return numeric::bf16_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::kFP32:
+      return static_cast<const float*>(data)[i];
+    case DType::kBF16:
+      return numeric::bf16_to_float(static_cast<const uint16_t*>(data)[i]);
     case DType::kFP16: {
       const uint16_t h = static_cast<const uint16_t*>(data)[i];
       return h == kSentinelB16 ? float_of(uint32_t(kSentinelB16) << 16) : numeric::fp16_to_float(h);
     }
-    case DType::kFP8E4M3: return numeric::fp8e4m3_to_float(static_cast<const uint8_t*>(data)[i]);
+    case DType::kFP8E4M3:
+      return numeric::fp8e4m3_to_float(static_cast<const uint8_t*>(data)[i]);
   }
   return 0.0f;
 }
@@ -70,10 +79,16 @@ inline size_t count_sentinels(const void* data, DType dtype, size_t count) {
   size_t n = 0;
   for (size_t i = 0; i < count; ++i) {
     switch (dtype) {
-      case DType::kFP32: n += static_cast<const uint32_t*>(data)[i] == kSentinelF32; break;
+      case DType::kFP32:
+        n += static_cast<const uint32_t*>(data)[i] == kSentinelF32;
+        break;
       case DType::kBF16:
-      case DType::kFP16: n += static_cast<const uint16_t*>(data)[i] == kSentinelB16; break;
-      case DType::kFP8E4M3: n += static_cast<const uint8_t*>(data)[i] == 0x7f; break;
+      case DType::kFP16:
+        n += static_cast<const uint16_t*>(data)[i] == kSentinelB16;
+        break;
+      case DType::kFP8E4M3:
+        n += static_cast<const uint8_t*>(data)[i] == 0x7f;
+        break;
     }
   }
   return n;
@@ -94,10 +109,14 @@ struct Tolerance {
 // over up to a few thousand keys in fp32 stays well inside 1e-5 of the output scale.
 inline Tolerance output_tolerance(DType out_dtype) {
   switch (out_dtype) {
-    case DType::kBF16: return {1.0 / 256.0, 1e-4, 0.0};
-    case DType::kFP16: return {1.0 / 1024.0, 1e-4, 0.0};
-    case DType::kFP32: return {1e-5, 1e-5, 0.0};
-    case DType::kFP8E4M3: return {1.0 / 8.0, 1e-2, 0.0};
+    case DType::kBF16:
+      return {1.0 / 256.0, 1e-4, 0.0};
+    case DType::kFP16:
+      return {1.0 / 1024.0, 1e-4, 0.0};
+    case DType::kFP32:
+      return {1e-5, 1e-5, 0.0};
+    case DType::kFP8E4M3:
+      return {1.0 / 8.0, 1e-2, 0.0};
   }
   return {};
 }
@@ -108,15 +127,15 @@ inline Tolerance lse_tolerance() { return {1e-5, 0.0, 2e-5}; }
 struct Comparison {
   bool ok = true;
   size_t count = 0;
-  size_t bad = 0;          // outside tolerance (including the two below)
-  size_t unwritten = 0;    // still holding the sentinel
-  size_t non_finite = 0;   // NaN/inf where a finite value was expected, or a wrong infinity
+  size_t bad = 0;         // outside tolerance (including the two below)
+  size_t unwritten = 0;   // still holding the sentinel
+  size_t non_finite = 0;  // NaN/inf where a finite value was expected, or a wrong infinity
   double max_abs_err = 0.0;
   double max_rel_err = 0.0;  // max abs error / max |want| (normwise relative)
   double scale = 0.0;        // max |want| over finite elements
   size_t worst = 0;          // index of the largest error (or of the first non-finite mismatch)
   float worst_got = 0.0f, worst_want = 0.0f;
-  std::string report;        // one paragraph: what, counts, errors, worst element with its index
+  std::string report;  // one paragraph: what, counts, errors, worst element with its index
 };
 
 // "[i0, i1, ...]" of flat index `i` in a row-major tensor of shape `dims` (or "[i]" without dims).
@@ -142,7 +161,10 @@ inline Comparison compare(const float* got, const float* want, size_t count, con
     if (std::isfinite(want[i])) c.scale = std::max(c.scale, double(std::fabs(want[i])));
   bool worst_is_mismatch = false;
   size_t first_nan_want = count;
-  if (count > 0) { c.worst_got = got[0]; c.worst_want = want[0]; }
+  if (count > 0) {
+    c.worst_got = got[0];
+    c.worst_want = want[0];
+  }
   for (size_t i = 0; i < count; ++i) {
     const float g = got[i], w = want[i];
     if (std::isnan(w)) {
@@ -153,14 +175,24 @@ inline Comparison compare(const float* got, const float* want, size_t count, con
     if (is_sentinel(g)) {
       ++c.unwritten;
       ++c.bad;
-      if (!worst_is_mismatch) { c.worst = i; c.worst_got = g; c.worst_want = w; worst_is_mismatch = true; }
+      if (!worst_is_mismatch) {
+        c.worst = i;
+        c.worst_got = g;
+        c.worst_want = w;
+        worst_is_mismatch = true;
+      }
       continue;
     }
     if (!std::isfinite(w) || !std::isfinite(g)) {
       if (g == w) continue;  // the same infinity
       ++c.non_finite;
       ++c.bad;
-      if (!worst_is_mismatch) { c.worst = i; c.worst_got = g; c.worst_want = w; worst_is_mismatch = true; }
+      if (!worst_is_mismatch) {
+        c.worst = i;
+        c.worst_got = g;
+        c.worst_want = w;
+        worst_is_mismatch = true;
+      }
       continue;
     }
     const double err = std::fabs(double(g) - double(w));
@@ -170,7 +202,11 @@ inline Comparison compare(const float* got, const float* want, size_t count, con
     }
     if (err > c.max_abs_err) {
       c.max_abs_err = err;
-      if (!worst_is_mismatch) { c.worst = i; c.worst_got = g; c.worst_want = w; }
+      if (!worst_is_mismatch) {
+        c.worst = i;
+        c.worst_got = g;
+        c.worst_want = w;
+      }
     }
   }
   c.max_rel_err = c.scale > 0.0 ? c.max_abs_err / c.scale : c.max_abs_err;
@@ -180,9 +216,10 @@ inline Comparison compare(const float* got, const float* want, size_t count, con
   os << what << ": " << (c.ok ? "ok" : "MISMATCH") << ", " << c.bad << " of " << count
      << " elements outside tolerance (" << c.unwritten << " never written, " << c.non_finite
      << " wrong NaN/inf); max abs err " << c.max_abs_err << ", max rel err " << c.max_rel_err
-     << " (to max|want| = " << c.scale << "); tolerance " << tol.rel << "*|want| + " << tol.scale_rel
-     << "*max|want| + " << tol.abs;
-  if (count > 0) os << "; worst at " << format_index(c.worst, dims) << ": got " << c.worst_got << ", want " << c.worst_want;
+     << " (to max|want| = " << c.scale << "); tolerance " << tol.rel << "*|want| + " << tol.scale_rel << "*max|want| + "
+     << tol.abs;
+  if (count > 0)
+    os << "; worst at " << format_index(c.worst, dims) << ": got " << c.worst_got << ", want " << c.worst_want;
   if (first_nan_want < count) os << "; the expectation holds NaN at " << format_index(first_nan_want, dims);
   c.report = os.str();
   return c;
@@ -193,8 +230,8 @@ inline Comparison compare(const std::vector<float>& got, const std::vector<float
   if (got.size() != want.size()) {
     Comparison c;
     c.ok = false;
-    c.report = what + ": size mismatch, got " + std::to_string(got.size()) + " elements, want " +
-               std::to_string(want.size());
+    c.report =
+        what + ": size mismatch, got " + std::to_string(got.size()) + " elements, want " + std::to_string(want.size());
     return c;
   }
   return compare(got.data(), want.data(), got.size(), tol, what, dims);

@@ -2,6 +2,8 @@
 // can_return_lse_for_decode), asks the kernel for the LSE only then, and refuses DCP on a backend
 // that cannot return it. Tested with a backend that declares the capability as the test needs and
 // delegates its math to "cpu", recording what the kernel was asked for.
+#include "mladcp/attention.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "common/decode_check.h"
-#include "mladcp/attention.h"
 
 namespace mladcp::test {
 namespace {

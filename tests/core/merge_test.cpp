@@ -1,6 +1,8 @@
 // Merge algebra: the N-way merge and the rescale form, in both bases, against an fp64 computation;
 // empty states (-inf, +inf, NaN LSE) with garbage outputs; and a base-mismatch test that fails if
 // the merge ignores the base its input was produced in.
+#include "mladcp/merge.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +14,6 @@
 #include "common/compare.h"
 #include "common/decode_check.h"
 #include "core/lse_math.h"
-#include "mladcp/merge.h"
 
 namespace mladcp::test {
 namespace {
@@ -73,7 +74,8 @@ void exact_merge(const States& s, LseBase base, std::vector<float>* out, std::ve
         double acc = 0.0;
         for (int n = 0; n < s.n; ++n) {
           const float l = s.lse[(size_t(n) * s.t + t) * s.h + h];
-          if (std::isfinite(l)) acc += std::exp(double(l) * to_e - mx) / z * s.out[((size_t(n) * s.t + t) * s.h + h) * s.d + dd];
+          if (std::isfinite(l))
+            acc += std::exp(double(l) * to_e - mx) / z * s.out[((size_t(n) * s.t + t) * s.h + h) * s.d + dd];
         }
         (*out)[(size_t(t) * s.h + h) * s.d + dd] = float(acc);
       }
@@ -116,7 +118,7 @@ TEST(MergeTest, EmptyStateIsTheIdentity) {
     for (float marker : {-kInf, kInf, NAN}) {
       States s = random_states(30, 2, 3, 4, 32);
       const size_t half = s.out.size() / 2;
-      for (size_t i = half; i < s.out.size(); ++i) s.out[i] = NAN;               // state 1: garbage
+      for (size_t i = half; i < s.out.size(); ++i) s.out[i] = NAN;                 // state 1: garbage
       for (size_t i = s.lse.size() / 2; i < s.lse.size(); ++i) s.lse[i] = marker;  // state 1: empty
       std::vector<float> out(half), lse(s.lse.size() / 2);
       ASSERT_TRUE(merge_states_host(merge_params(s, base, out.data(), lse.data(), base)).ok());

@@ -78,7 +78,8 @@ std::vector<BadIndices> bad_indices() {
       {"seq_lens[1]", [](Pr pr, P) { pr.seq_lens[1] = -1; }},
       {"seq_lens[2]", [](Pr pr, P) { pr.seq_lens[2] = pr.max_seq_len + 1; }},
       {"seq_lens[0]", [](Pr pr, P) { pr.seq_lens[0] = 1; }},  // q_len is 2: a non-empty sequence holds its new tokens
-      {"seq_lens[2]", [](Pr pr, P p) {
+      {"seq_lens[2]",
+       [](Pr pr, P p) {
          p.max_seq_len = 0;  // unknown bound: the host check sees the table is too short
          pr.seq_lens[2] = 1 << 20;
        }},
@@ -108,8 +109,8 @@ TEST(ValidationTest, EveryBadDecodeArgumentIsNamedAndNothingIsWritten) {
       bad.mutate(p);
       const Status s = backend->decode(p, {});
       EXPECT_EQ(s.code(), bad.code) << backend_name << " / " << bad.name << ": " << s.to_string();
-      EXPECT_NE(s.message().find(bad.name), std::string::npos) << backend_name << ": '" << s.message()
-                                                               << "' does not name " << bad.name;
+      EXPECT_NE(s.message().find(bad.name), std::string::npos)
+          << backend_name << ": '" << s.message() << "' does not name " << bad.name;
       EXPECT_TRUE(buf.untouched()) << backend_name << " wrote outputs on error " << bad.name;
     }
   }
@@ -125,8 +126,8 @@ TEST(ValidationTest, EveryBadIndexIsNamedAndNothingIsWritten) {
       bad.mutate(pr, p);
       const Status s = backend->decode(p, {});
       EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << backend_name << " / " << bad.name << ": " << s.to_string();
-      EXPECT_NE(s.message().find(bad.name), std::string::npos) << backend_name << ": '" << s.message()
-                                                               << "' does not name " << bad.name;
+      EXPECT_NE(s.message().find(bad.name), std::string::npos)
+          << backend_name << ": '" << s.message() << "' does not name " << bad.name;
       EXPECT_TRUE(buf.untouched()) << backend_name << " wrote outputs on error " << bad.name;
     }
   }
@@ -253,7 +254,8 @@ TEST(ValidationTest, EveryBadMergeArgumentIsNamedAndNothingIsWritten) {
       bad.mutate(m);
       for (const Status& s : {backend->merge(m, {}), merge_states_host(m)}) {
         EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad.name << ": " << s.to_string();
-        EXPECT_NE(s.message().find(bad.name), std::string::npos) << "'" << s.message() << "' does not name " << bad.name;
+        EXPECT_NE(s.message().find(bad.name), std::string::npos)
+            << "'" << s.message() << "' does not name " << bad.name;
       }
       EXPECT_EQ(count_sentinels(out), out.size()) << backend_name << " / " << bad.name;
       EXPECT_EQ(count_sentinels(out_lse), out_lse.size()) << backend_name << " / " << bad.name;
@@ -299,7 +301,8 @@ TEST(ValidationTest, EveryBadRescaleArgumentIsNamedAndNothingIsWritten) {
       bad.mutate(r);
       for (const Status& s : {backend->rescale(r, {}), rescale_states_host(r)}) {
         EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad.name << ": " << s.to_string();
-        EXPECT_NE(s.message().find(bad.name), std::string::npos) << "'" << s.message() << "' does not name " << bad.name;
+        EXPECT_NE(s.message().find(bad.name), std::string::npos)
+            << "'" << s.message() << "' does not name " << bad.name;
       }
       EXPECT_EQ(count_sentinels(out), out.size()) << backend_name << " / " << bad.name;
       EXPECT_EQ(count_sentinels(merged), merged.size()) << backend_name << " / " << bad.name;

@@ -20,8 +20,7 @@ struct BackendUnderTest {
 
 inline std::vector<BackendUnderTest> host_backends_under_test() {
   std::vector<BackendUnderTest> out;
-  for (const std::string& name : host_backend_names())
-    out.push_back({name, [name] { return make_backend(name); }});
+  for (const std::string& name : host_backend_names()) out.push_back({name, [name] { return make_backend(name); }});
   for (cpu::Isa isa : {cpu::Isa::kGeneric, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
     const cpu::KernelVariant* k = cpu::kernel_for(isa);
     if (!k) continue;

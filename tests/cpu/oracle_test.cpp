@@ -24,9 +24,15 @@ struct Case {
 void choose_outputs(Case& c, uint64_t k) {
   c.out_dtype = k % 2 ? DType::kBF16 : DType::kFP32;
   switch ((k / 2) % 3) {
-    case 0: c.lse = std::nullopt; break;
-    case 1: c.lse = LseBase::kE; break;
-    default: c.lse = LseBase::k2; break;
+    case 0:
+      c.lse = std::nullopt;
+      break;
+    case 1:
+      c.lse = LseBase::kE;
+      break;
+    default:
+      c.lse = LseBase::k2;
+      break;
   }
 }
 

@@ -45,8 +45,9 @@ TEST(SplitInvarianceTest, MergeOfShardsEqualsDecodeOverAllKeys) {
       for (int interleave : {1, 2, 16}) {
         for (LseBase base : {LseBase::kE, LseBase::k2}) {
           ++seed;
-          synthetic::Config global = base_config(seed, 8, 1 + int(seed % 4), 16, seed % 3 ? DType::kBF16 : DType::kFP8E4M3,
-                                                 {3 + int32_t(seed % 4), 0, 40, 97, 130});
+          synthetic::Config global =
+              base_config(seed, 8, 1 + int(seed % 4), 16, seed % 3 ? DType::kBF16 : DType::kFP8E4M3,
+                          {3 + int32_t(seed % 4), 0, 40, 97, 130});
           const synthetic::Problem whole = make_problem(global);
           const DecodeBuffers want = expected_decode(whole, base);
           const int T = whole.num_tokens(), H = global.num_heads;
@@ -75,8 +76,8 @@ TEST(SplitInvarianceTest, MergeOfShardsEqualsDecodeOverAllKeys) {
           m.out_base = base;
           ASSERT_TRUE(backend->merge(m, {}).ok());
           EXPECT_TRUE(compare_decode(merged, want,
-                                     b.label + " merged over W=" + std::to_string(world) + " I=" +
-                                         std::to_string(interleave) + " on " + describe(global)));
+                                     b.label + " merged over W=" + std::to_string(world) +
+                                         " I=" + std::to_string(interleave) + " on " + describe(global)));
         }
       }
     }
@@ -97,8 +98,8 @@ TEST(BlockTableTest, PermutingPhysicalBlocksChangesNothing) {
       std::shuffle(perm.begin(), perm.end(), rng);
       const size_t block_bytes = size_t(block) * kQkDim * dtype_size(c.kv_dtype);
       for (int old_id = 0; old_id < p.num_blocks; ++old_id)
-        std::memcpy(&moved.kv_cache[size_t(perm[size_t(old_id)]) * block_bytes], &p.kv_cache[size_t(old_id) * block_bytes],
-                    block_bytes);
+        std::memcpy(&moved.kv_cache[size_t(perm[size_t(old_id)]) * block_bytes],
+                    &p.kv_cache[size_t(old_id) * block_bytes], block_bytes);
       for (int32_t& id : moved.block_table)
         if (id >= 0 && id < p.num_blocks) id = perm[size_t(id)];
       DecodeBuffers x(p.num_tokens(), c.num_heads, DType::kFP32, LseBase::kE);
