@@ -502,7 +502,7 @@ Status run_check(NcclCommunicator& comm, const CheckCase& c, CheckResult* result
       want_lse[size_t(t) * Hl + j] = ref_lse[size_t(t) * H + h];
     }
   result->out =
-      test::compare(result->out_values, want_out, test::output_tolerance(c.out_dtype),
+      test::compare(result->out_values, want_out, test::device_pair_tolerance(c.out_dtype),
                     cat("out (", dtype_name(c.out_dtype), ", rank ", r, " heads ", r * Hl, "..", (r + 1) * Hl - 1, ")"),
                     {T, Hl, kLatentDim});
   result->ok = result->out.ok;

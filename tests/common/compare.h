@@ -121,6 +121,16 @@ inline Tolerance output_tolerance(DType out_dtype) {
   return {};
 }
 
+// Two decodes of one problem on the tensor-core path (e.g. DCP against single-device decode), each
+// rounding its own fp32 result: the bf16 probabilities of P·V cost up to 2^-8 of the output scale on
+// each side, and two independent roundings to bf16 may land one unit in the last place (2^-7) apart.
+inline Tolerance device_pair_tolerance(DType out_dtype) {
+  Tolerance t{1.0 / 256.0, 1.0 / 256.0, 0.0};
+  if (out_dtype == DType::kBF16) t.rel += 1.0 / 128.0;
+  if (out_dtype == DType::kFP16) t.rel += 1.0 / 1024.0;
+  return t;
+}
+
 // LSE is always fp32; its size is log(keys) + max score (a few units to a few tens).
 inline Tolerance lse_tolerance() { return {1e-5, 0.0, 2e-5}; }
 
