@@ -26,11 +26,12 @@ inline constexpr int kTileTokens = 64;  // keys per pipeline stage
 // 16, 32 or 64 query rows per CTA.
 MLADCP_HD int rows_per_cta(int rows_per_seq) { return rows_per_seq <= 16 ? 16 : (rows_per_seq <= 32 ? 32 : 64); }
 
-// Local keys per split: 2048 for 16 and 32 rows, 4096 for 64. Each split costs a partial state of
-// rows · 2 KiB written and read again by the combine kernel, against 1152 B per key read (bf16), so
-// splits must stay long; 2048 keys still give a 4K-context batch of 128 sequences one full wave of
-// 16-row CTAs (two per SM) and a single 128K sequence 64 splits.
-MLADCP_HD int split_tokens(int rows_per_cta) { return rows_per_cta >= 64 ? 4096 : 2048; }
+// Local keys per split: 2048 for every CTA shape. Each split costs a partial state of rows · 2 KiB
+// written and read again by the combine kernel, against 1152 B per key read (bf16), so splits must
+// stay long; 2048 keys still give a 4K-context batch of 128 sequences one full wave of 16-row CTAs
+// (two per SM), a single 128K sequence 64 splits, and a DCP shard of 16K keys with 128 gathered heads
+// 16 CTAs (4096 left it 8, the case DCP exists for: few long sequences, all heads).
+MLADCP_HD int split_tokens(int rows_per_cta) { (void)rows_per_cta; return 2048; }
 
 // Splits of a sequence with `local_keys` keys on this shard: at least 1 (an empty sequence still has
 // one CTA per row chunk, which writes out = 0, lse = -inf).
