@@ -15,6 +15,7 @@
 #include "cuda/cuda_status.h"
 #include "cuda/decode_kernels.h"
 #include "cuda/decode_plan.h"
+#include "cuda/sm90_decode.h"
 #include "cuda/state_kernels.h"
 
 namespace mladcp {
@@ -39,6 +40,7 @@ bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % 
 struct DeviceState {
   Status status;
   size_t smem_optin = 0;
+  bool sm90 = false;  // compute capability 9.0 and the Hopper decode kernel is ready
 };
 
 Status device_state(int device, DeviceState* out) {
@@ -54,6 +56,12 @@ Status device_state(int device, DeviceState* out) {
                             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
     s->smem_optin = size_t(optin);
     if (s->status.ok()) s->status = cuda_impl::prepare_decode_kernels(s->smem_optin);
+    int major = 0, minor = 0;
+    if (s->status.ok() && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+        minor == 0 && cuda_impl::sm90_decode_smem_bytes() <= s->smem_optin)
+      s->sm90 = cuda_impl::set_sm90_decode_smem() == cudaSuccess;
+    (void)cudaGetLastError();  // a failed probe leaves the portable kernels in charge
     states[size_t(device)] = std::move(s);
   }
   *out = *states[size_t(device)];
@@ -95,6 +103,8 @@ class CudaBackend final : public Backend {
     // Debugging knob: MLADCP_CUDA_KV_STAGES=1 forces the single-buffered key pipeline (the layout
     // used on devices with less shared memory) so that it can be tested on any device.
     if (const char* s = std::getenv("MLADCP_CUDA_KV_STAGES")) force_single_stage_ = std::atoi(s) == 1;
+    // MLADCP_CUDA_SM90=0 keeps the portable kernel on Hopper too (comparisons, debugging).
+    if (const char* s = std::getenv("MLADCP_CUDA_SM90")) use_sm90_ = std::atoi(s) != 0;
   }
 
   const BackendCapabilities& capabilities() const override { return caps_; }
@@ -144,6 +154,7 @@ class CudaBackend final : public Backend {
     k.split_len = plan.split_len;
     k.max_splits = plan.max_splits;
     k.kv_stages = stages;
+    k.sm90 = use_sm90_ && dev.sm90 && !fp8 && plan.rows_per_cta == 64 && stages == 2;
     k.q = static_cast<const uint16_t*>(p.q);
     k.q_stride_token = p.q_stride_token;
     k.q_stride_head = p.q_stride_head;
@@ -201,6 +212,7 @@ class CudaBackend final : public Backend {
  private:
   BackendCapabilities caps_;
   bool force_single_stage_ = false;
+  bool use_sm90_ = true;
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "core/lse_math.h"
 #include "cuda/cuda_status.h"
 #include "cuda/decode_kernel.cuh"
+#include "cuda/sm90_decode.h"
 
 namespace mladcp::cuda_impl {
 
@@ -134,7 +135,8 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
       e = launch_shape<2>(p, fp8, grid, s);
       break;
     case 64:
-      e = launch_shape<4>(p, fp8, grid, s);
+      // Hopper: wgmma kernel (same plan, workspace and combine); the portable kernel elsewhere.
+      e = p.sm90 && !fp8 ? launch_sm90_decode(p, grid, s) : launch_shape<4>(p, fp8, grid, s);
       break;
     default:
       return Status::Internal("rows_per_cta=" + std::to_string(p.rows_per_cta) + ": not 16, 32 or 64");

@@ -1,0 +1,142 @@
+// Shapes that reach the Hopper decode kernel (64-row CTAs on a bf16 cache, compute capability 9.0)
+// against the oracle, and its batch invariance. On other devices the same shapes run the portable
+// kernel and the tests still hold. Every shape is also run with MLADCP_CUDA_SM90=0 (portable kernel
+// on Hopper), so both kernels are checked on one device.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_test_util.h"
+
+namespace mladcp::test {
+namespace {
+
+synthetic::Config config(int heads, int q_len, int block, std::vector<int32_t> lens, uint64_t seed,
+                         DcpShard shard = {}) {
+  synthetic::Config c;
+  c.num_seqs = int(lens.size());
+  c.q_len = q_len;
+  c.num_heads = heads;
+  c.block_size = block;
+  c.seq_lens = std::move(lens);
+  c.kv_dtype = DType::kBF16;
+  c.shard = shard;
+  c.seed = seed;
+  return c;
+}
+
+bool device_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
+}
+
+// A "cuda" backend; portable = true keeps the portable kernel on Hopper (MLADCP_CUDA_SM90=0).
+std::unique_ptr<Backend> cuda_backend(bool portable) {
+  if (portable) setenv("MLADCP_CUDA_SM90", "0", 1);
+  auto b = make_backend("cuda");
+  unsetenv("MLADCP_CUDA_SM90");
+  return b;
+}
+
+// fp32 out with a natural LSE and bf16 out with a base-2 LSE, against the oracle.
+::testing::AssertionResult matches_oracle(Backend& cuda, const synthetic::Config& cfg, const std::string& kernel) {
+  const synthetic::Problem prob = make_problem(cfg);
+  const DecodeBuffers want = expected_decode(prob, LseBase::kE);
+  const std::vector<float> want_out = want.out_float();
+  const DeviceProblem dev(prob);
+  const size_t T = size_t(prob.num_tokens()), H = size_t(cfg.num_heads);
+  for (const DType out_dtype : {DType::kFP32, DType::kBF16}) {
+    const LseBase base = out_dtype == DType::kFP32 ? LseBase::kE : LseBase::k2;
+    const std::string what = kernel + " kernel, " + describe(cfg) + " out=" + dtype_name(out_dtype);
+    GuardedBuffer out(out_dtype, T * H * kLatentDim), lse(DType::kFP32, T * H);
+    const Status s = run_device_decode(cuda, dev.params(prob, out.data(), out_dtype, lse.as<float>(), base));
+    if (!s.ok()) return ::testing::AssertionFailure() << what << ": decode failed: " << s.to_string();
+    ::testing::AssertionResult ok = ::testing::AssertionSuccess();
+    const std::vector<float> got = out.download_float(&ok);
+    if (!ok) return ::testing::AssertionFailure() << what << ": out " << ok.message();
+    const Comparison c = compare(got, want_out, cuda_decode_tolerance(), "out", want.out_dims());
+    if (!c.ok) return ::testing::AssertionFailure() << what << "\n  " << c.report;
+    const std::vector<float> got_lse = lse.download_float(&ok);
+    if (!ok) return ::testing::AssertionFailure() << what << ": lse " << ok.message();
+    const Comparison l = compare(got_lse, lse_in_base(*want.lse, base), lse_tolerance(), "lse", want.lse_dims());
+    if (!l.ok) return ::testing::AssertionFailure() << what << "\n  " << l.report;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<synthetic::Config> hopper_shapes() {
+  return {
+      config(64, 1, 1, {0, 1, 63, 64, 65, 333}, 201),            // block size 1: every key its own page
+      config(64, 1, 48, {47, 48, 49, 700}, 202),                 // block size not a power of two
+      config(80, 1, 64, {5, 130, 1000}, 203),                    // two row chunks, the second 16 rows
+      config(4, 16, 64, {16, 17, 80, 600}, 204),                 // 64 rows = 16 tokens × 4 heads (causal)
+      config(128, 1, 64, {4096, 4097, 8200, 1, 0}, 205),         // split boundaries, 1-3 splits, empty
+      config(64, 2, 32, {3, 300, 5000}, 206, {2, 1, 1}),         // DCP rank 1 of 2, interleave 1
+      config(32, 4, 64, {4, 200, 4500}, 207, {4, 3, 64}),        // DCP rank 3 of 4, interleave 64
+      config(64, 3, 16, {2, 3, 4, 130}, 208, {4, 0, 2}),         // rows whose local keys are all masked
+  };
+}
+
+TEST(Sm90Decode, MatchesReference) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  std::printf("device %s the Hopper decode kernel\n", device_is_sm90() ? "runs" : "does not run");
+  auto hopper = cuda_backend(false);
+  for (const synthetic::Config& cfg : hopper_shapes()) EXPECT_TRUE(matches_oracle(*hopper, cfg, "default"));
+}
+
+TEST(Sm90Decode, PortableKernelOnTheSameShapes) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  auto portable = cuda_backend(true);
+  for (const synthetic::Config& cfg : hopper_shapes()) EXPECT_TRUE(matches_oracle(*portable, cfg, "portable"));
+}
+
+// A sequence's result does not depend on the rest of the batch nor on max_seq_len: bitwise.
+TEST(Sm90Decode, BatchInvariantAndDeterministic) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  const int H = 64, q_len = 2;
+  const synthetic::Problem prob = make_problem(config(H, q_len, 64, {1500, 37, 4200, 0, 9000}, 211));
+  const DeviceProblem dev(prob);
+  auto cuda = cuda_backend(false);
+  const size_t T = size_t(prob.num_tokens());
+  auto run = [&](const MlaDecodeParams& base, size_t tokens, std::vector<uint8_t>* out_bytes,
+                 std::vector<uint8_t>* lse_bytes) {
+    GuardedBuffer out(DType::kBF16, tokens * H * kLatentDim), lse(DType::kFP32, tokens * H);
+    MlaDecodeParams p = base;
+    p.out = out.data();
+    p.lse = lse.as<float>();
+    MLADCP_ASSERT_OK(run_device_decode(*cuda, p));
+    ASSERT_TRUE(out.download(out_bytes));
+    ASSERT_TRUE(lse.download(lse_bytes));
+  };
+  const MlaDecodeParams all = dev.params(prob, nullptr, DType::kBF16, nullptr, LseBase::kE);
+  std::vector<uint8_t> out_a, lse_a, out_b, lse_b;
+  run(all, T, &out_a, &lse_a);
+  run(all, T, &out_b, &lse_b);
+  EXPECT_EQ(out_a, out_b) << "two identical calls gave different bits";
+  EXPECT_EQ(lse_a, lse_b) << "two identical calls gave different bits";
+  for (int seq : {0, 2, 4}) {
+    MlaDecodeParams one = all;
+    one.num_seqs = 1;
+    one.q = static_cast<const uint16_t*>(all.q) + size_t(seq) * q_len * H * kQkDim;
+    one.block_table = all.block_table + size_t(seq) * prob.max_blocks_per_seq;
+    one.block_table_stride = prob.max_blocks_per_seq;
+    one.seq_lens = all.seq_lens + seq;
+    one.max_seq_len = std::max(1, prob.seq_lens[size_t(seq)]);
+    std::vector<uint8_t> out_1, lse_1;
+    run(one, q_len, &out_1, &lse_1);
+    const size_t ob = size_t(seq) * q_len * H * kLatentDim * 2, lb = size_t(seq) * q_len * H * 4;
+    EXPECT_TRUE(std::equal(out_1.begin(), out_1.end(), out_a.begin() + ptrdiff_t(ob)))
+        << "sequence " << seq << " alone differs from the same sequence in the batch";
+    EXPECT_TRUE(std::equal(lse_1.begin(), lse_1.end(), lse_a.begin() + ptrdiff_t(lb)))
+        << "sequence " << seq << " alone differs from the same sequence in the batch";
+  }
+}
+
+}  // namespace
+}  // namespace mladcp::test
