@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DCP on two GPUs over NCCL, in one call on the 2-GPU machine: build, the NCCL/DCP GPU tests, the check
+# DCP on all GPUs of the machine over NCCL (2, 4 or 8), in one call: build, the NCCL/DCP GPU tests, the check
 # against single-GPU decode (both merge modes, eager and CUDA graph, empty shards, q_len 2, fp8), and the
 # timing grid (T in {1, 8, 64}, context 32K and 128K, H = 128, both merge modes, eager and CUDA graph,
 # W = 2 against W = 1). Logs go to $OUT (at most 8 files); a summary table is printed last.
@@ -39,7 +39,9 @@ out="${OUT:-$root/out/dcp-gpu}"
 mkdir -p "$out"
 build="$root/build/gpu-dcp"
 bin="$build/bin"
-gpus=2
+# Every GPU of the machine (2 on nvidia-h200-x2, 4 or 8 on the larger kinds); GPUS=N overrides.
+gpus="${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 2)}"
+[ "$gpus" -ge 2 ] 2>/dev/null || gpus=2
 status=()  # "stage: result" lines for the summary
 note() { status+=("$1"); echo "== $1"; }
 budget="${BUDGET:-570}"
@@ -129,6 +131,15 @@ elif want grid; then
     timeout "$t_grid" $(use_mpi && echo "mpirun -np $gpus --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH") \
       "$bin/mladcp_dcp_gpu_bench" $(use_mpi || echo "--gpus $gpus") --grid --markdown "$out/grid.md" --json "$out/grid.json"
     echo "rc=$?"
+    # 512K context where the shards fit comfortably (4 GPUs and more: 64 sequences of 512K are 38 GB of KV).
+    t_long="$(allow 150 60)"
+    if [ "$gpus" -ge 4 ] && [ "$t_long" -ge 40 ]; then
+      echo "## context 524288"
+      timeout "$t_long" $(use_mpi && echo "mpirun -np $gpus --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH") \
+        "$bin/mladcp_dcp_gpu_bench" $(use_mpi || echo "--gpus $gpus") --tokens 1,8,64 --context 524288 --merge both \
+        --markdown "$out/grid-512k.md"
+      echo "rc=$?"
+    fi
     # Eager cost of non-blocking NCCL (each call's enqueue is polled for): the same step on blocking
     # communicators, when time remains.
     t_blocking="$(allow 90 5)"
