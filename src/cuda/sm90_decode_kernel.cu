@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/lse_math.h"
 #include "cuda/decode_kernel.cuh"
@@ -151,6 +152,12 @@ __device__ __forceinline__ void issue_output(float (&o)[128], uint64_t p_desc, u
                      ks > 0 || accumulate);
 }
 
+// kEarlyLoads: the schedule of the key loads.
+//   false: tile it+1 is requested once every warpgroup is past PV(it-1) (barrier B of tile it), and PV(it)
+//          is left running into the next tile;
+//   true:  PV(it) is waited for at once, and tile it+2 is requested right after it (barrier D), so
+//          one or two tiles are in flight during every phase, the score phase included.
+template <bool kEarlyLoads>
 __global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_kernel(const DecodeKernelParams p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* const q_s = smem + Sm90Smem::q;
@@ -231,6 +238,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_kernel(const 
   fetch_blocks(0);
   if (ntiles > 0) issue(0);
   fetch_blocks(1);
+  if (kEarlyLoads && ntiles > 1) {
+    issue(1);
+    fetch_blocks(2);
+  }
 
   // ---- per-thread rows (the wgmma accumulator layout: rows 16·wi + lane/4 and + 8) ----
   const int rs[2] = {16 * wi + (lane >> 2), 16 * wi + (lane >> 2) + 8};
@@ -261,8 +272,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_kernel(const 
   for (int it = 0; it < ntiles; ++it) {
     const int par = it & 1;
 
-    // ---- A: tile it landed; scores issued; next tile requested ----
-    cp_async_wait_all();
+    // ---- A: tile it landed (tile it+1 may still be in flight); scores ----
+    if (kEarlyLoads && it + 1 < ntiles)
+      cp_async_wait_one();
+    else
+      cp_async_wait_all();
     fence_proxy_async();
     __syncthreads();
     wgmma_fence();
@@ -298,7 +312,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_kernel(const 
       red[wg * 64 + rs[1]] = mx[1];
     }
     __syncthreads();  // maxima visible; both warpgroups are done with PV(it-1): stage (it+1) % 2 and p_s are free
-    if (it + 1 < ntiles) {
+    if (!kEarlyLoads && it + 1 < ntiles) {
       issue(it + 1);
       fetch_blocks(it + 2);
     }
@@ -343,6 +357,15 @@ __global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_kernel(const 
     fence_regs(o);
     issue_output(o, p_desc, v_desc0 + uint64_t(par * (kSm90TileBytes >> 4)), it > 0);
     wgmma_commit();
+    if constexpr (kEarlyLoads) {
+      wgmma_wait<0>();
+      fence_regs(o);
+      if (it + 2 < ntiles) {
+        __syncthreads();  // (D) both warpgroups are done with stage it % 2: tile it+2 goes there
+        issue(it + 2);
+        fetch_blocks(it + 3);
+      }
+    }
   }
   wgmma_wait<0>();
   fence_regs(o);
@@ -410,12 +433,23 @@ __global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_kernel(const 
 size_t sm90_decode_smem_bytes() { return size_t(Sm90Smem::total); }
 
 cudaError_t set_sm90_decode_smem() {
-  return cudaFuncSetAttribute(mla_decode_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  cudaError_t e = cudaFuncSetAttribute(mla_decode_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(Sm90Smem::total));
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(mla_decode_sm90_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(Sm90Smem::total));
 }
 
 cudaError_t launch_sm90_decode(const DecodeKernelParams& p, int64_t grid, cudaStream_t stream) {
-  mla_decode_sm90_kernel<<<dim3(unsigned(grid)), dim3(kSm90Threads), size_t(Sm90Smem::total), stream>>>(p);
+  // MLADCP_CUDA_SM90_SCHEDULE=0 selects the other load schedule (comparisons, debugging).
+  static const bool early = [] {
+    const char* s = std::getenv("MLADCP_CUDA_SM90_SCHEDULE");
+    return !s || std::atoi(s) != 0;
+  }();
+  if (early)
+    mla_decode_sm90_kernel<true><<<dim3(unsigned(grid)), dim3(kSm90Threads), size_t(Sm90Smem::total), stream>>>(p);
+  else
+    mla_decode_sm90_kernel<false><<<dim3(unsigned(grid)), dim3(kSm90Threads), size_t(Sm90Smem::total), stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -79,7 +79,7 @@ std::vector<synthetic::Config> hopper_shapes() {
       config(128, 1, 64, {4096, 4097, 8200, 1, 0}, 205),         // split boundaries, 1-3 splits, empty
       config(64, 2, 32, {3, 300, 5000}, 206, {2, 1, 1}),         // DCP rank 1 of 2, interleave 1
       config(32, 4, 64, {4, 200, 4500}, 207, {4, 3, 64}),        // DCP rank 3 of 4, interleave 64
-      config(64, 3, 16, {2, 3, 4, 130}, 208, {4, 0, 2}),         // rows whose local keys are all masked
+      config(64, 3, 16, {0, 3, 4, 130}, 208, {4, 0, 2}),         // rows whose local keys are all masked
   };
 }
 
