@@ -22,7 +22,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
-#include "common/compare.h"
+#include "check/compare.h"
 #include "core/synthetic.h"
 #include "core/validate.h"
 #include "mladcp/dcp.h"

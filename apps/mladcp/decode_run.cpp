@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "cli_common.h"
-#include "common/compare.h"
+#include "check/compare.h"
 #include "core/validate.h"
 #include "mladcp/device_memory.h"
 #include "mladcp/sharding.h"

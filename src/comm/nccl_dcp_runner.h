@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "common/compare.h"
+#include "check/compare.h"
 #include "core/synthetic.h"
 #include "mladcp/dcp.h"
 #include "mladcp/nccl.h"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/compare.h"
+#include "check/compare.h"
 #include "core/synthetic.h"
 #include "mladcp/backend.h"
 

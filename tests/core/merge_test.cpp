@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "common/compare.h"
+#include "check/compare.h"
 #include "common/decode_check.h"
 #include "core/lse_math.h"
 

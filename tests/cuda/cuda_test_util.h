@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/compare.h"
+#include "check/compare.h"
 #include "common/decode_check.h"
 #include "core/synthetic.h"
 #include "cuda/cuda_backend.h"

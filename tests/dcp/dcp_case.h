@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/compare.h"
+#include "check/compare.h"
 #include "core/synthetic.h"
 #include "mladcp/comm.h"
 #include "mladcp/dcp.h"

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "common/compare.h"
+#include "check/compare.h"
 #include "dcp/dcp_case.h"
 #include "mladcp/dcp.h"
 #include "mladcp/mpi.h"
