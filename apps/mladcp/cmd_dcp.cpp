@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include "check/compare.h"
 #include "cli_common.h"
 #include "commands.h"
-#include "check/compare.h"
 #include "core/synthetic.h"
 #include "core/validate.h"
 #include "mladcp/dcp.h"

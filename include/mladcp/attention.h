@@ -14,8 +14,7 @@ class MlaAttention {
  public:
   // Fails (kUnsupported) when shard.world > 1 and the backend cannot return the LSE, with a message
   // naming the backend and the way out. Fails (kInvalidArgument) on a malformed shard.
-  static Status create(std::unique_ptr<Backend> backend, const DcpShard& shard,
-                       std::unique_ptr<MlaAttention>* out);
+  static Status create(std::unique_ptr<Backend> backend, const DcpShard& shard, std::unique_ptr<MlaAttention>* out);
 
   const Backend& backend() const { return *backend_; }
   Backend& backend() { return *backend_; }

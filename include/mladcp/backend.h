@@ -23,24 +23,24 @@ struct BackendCapabilities {
   Device device = Device::kHost;
   bool can_return_lse_for_decode = false;
   LseBase native_lse_base = LseBase::kE;
-  bool lse_base_selectable = false;        // honours MlaDecodeParams::lse_base (else only native)
-  std::vector<DType> q_dtypes;             // accepted query dtypes
-  std::vector<DType> kv_dtypes;            // accepted cache dtypes
-  std::vector<DType> out_dtypes;           // accepted output dtypes
-  std::vector<int> block_sizes;            // accepted block sizes; empty means any ≥ 1
+  bool lse_base_selectable = false;  // honours MlaDecodeParams::lse_base (else only native)
+  std::vector<DType> q_dtypes;       // accepted query dtypes
+  std::vector<DType> kv_dtypes;      // accepted cache dtypes
+  std::vector<DType> out_dtypes;     // accepted output dtypes
+  std::vector<int> block_sizes;      // accepted block sizes; empty means any ≥ 1
   int min_heads = 1, max_heads = kMaxHeads;
   int min_q_len = 1, max_q_len = kMaxQLen;
-  bool supports_dcp_interleave = true;     // applies the causal rule for any interleave I
-  bool cuda_graph_safe = false;            // run() may be captured into a CUDA graph
-  bool deterministic = true;               // same inputs, same bits, run to run
+  bool supports_dcp_interleave = true;  // applies the causal rule for any interleave I
+  bool cuda_graph_safe = false;         // run() may be captured into a CUDA graph
+  bool deterministic = true;            // same inputs, same bits, run to run
 };
 
 // Where a call runs. Host backends ignore `stream`; device backends never synchronize in decode().
 struct ExecContext {
-  void* stream = nullptr;          // cudaStream_t for device backends
-  void* workspace = nullptr;       // caller-owned scratch of workspace_bytes(params) bytes
+  void* stream = nullptr;     // cudaStream_t for device backends
+  void* workspace = nullptr;  // caller-owned scratch of workspace_bytes(params) bytes
   size_t workspace_size = 0;
-  int num_threads = 0;             // host backends: 0 = hardware concurrency
+  int num_threads = 0;  // host backends: 0 = hardware concurrency
 };
 
 class Backend {
@@ -49,7 +49,10 @@ class Backend {
   virtual const BackendCapabilities& capabilities() const = 0;
 
   // Scratch needed by decode(); depends only on shapes (num_seqs, q_len, heads, max_seq_len).
-  virtual size_t workspace_bytes(const MlaDecodeParams& p) const { (void)p; return 0; }
+  virtual size_t workspace_bytes(const MlaDecodeParams& p) const {
+    (void)p;
+    return 0;
+  }
 
   // Validates p against the generic contract and this backend's capabilities, then runs.
   // On any error nothing is written.

@@ -21,7 +21,7 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  virtual Device memory() const = 0;  // where send/recv buffers must live
+  virtual Device memory() const = 0;     // where send/recv buffers must live
   virtual std::string name() const = 0;  // "mpi", "nccl", ...
 
   // recv [W · bytes]: rank i's `bytes` bytes land at recv + i · bytes.

@@ -15,16 +15,20 @@ enum class LseBase { kE, k2 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kBF16: return 2;
-    case DType::kFP16: return 2;
-    case DType::kFP32: return 4;
-    case DType::kFP8E4M3: return 1;
+    case DType::kBF16:
+      return 2;
+    case DType::kFP16:
+      return 2;
+    case DType::kFP32:
+      return 4;
+    case DType::kFP8E4M3:
+      return 1;
   }
   return 0;
 }
 
-const char* dtype_name(DType t);          // "bf16", "fp16", "fp32", "fp8_e4m3"
+const char* dtype_name(DType t);                       // "bf16", "fp16", "fp32", "fp8_e4m3"
 std::optional<DType> parse_dtype(std::string_view s);  // also accepts "fp8", "bfloat16", "float16"
-const char* lse_base_name(LseBase b);     // "e", "2"
+const char* lse_base_name(LseBase b);                  // "e", "2"
 
 }  // namespace mladcp

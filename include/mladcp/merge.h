@@ -18,23 +18,23 @@ struct MergeParams {
   int num_heads = 0;   // H ≥ 1
   int head_dim = 512;  // D ≥ 1
 
-  const void* in_out = nullptr;  // [N, T, H, D]
+  const void* in_out = nullptr;   // [N, T, H, D]
   DType in_dtype = DType::kFP32;  // bf16, fp16 or fp32
   int64_t in_stride_state = 0;    // default (0): T · H · D
   int64_t in_stride_token = 0;    // default (0): H · D
   int64_t in_stride_head = 0;     // default (0): D
 
-  const float* in_lse = nullptr;   // [N, T, H]
-  int64_t lse_stride_state = 0;    // default (0): T · H
-  int64_t lse_stride_token = 0;    // default (0): H
-  LseBase in_base = LseBase::kE;   // the base the producer of in_lse used
+  const float* in_lse = nullptr;  // [N, T, H]
+  int64_t lse_stride_state = 0;   // default (0): T · H
+  int64_t lse_stride_token = 0;   // default (0): H
+  LseBase in_base = LseBase::kE;  // the base the producer of in_lse used
 
   void* out = nullptr;  // [T, H, D]
   DType out_dtype = DType::kBF16;
   int64_t out_stride_token = 0;  // default (0): H · D
   int64_t out_stride_head = 0;   // default (0): D
 
-  float* out_lse = nullptr;  // [T, H], optional
+  float* out_lse = nullptr;          // [T, H], optional
   int64_t out_lse_stride_token = 0;  // default (0): H
   LseBase out_base = LseBase::kE;
 };

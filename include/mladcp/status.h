@@ -43,8 +43,8 @@ class [[nodiscard]] Status {
 
 }  // namespace mladcp
 
-#define MLADCP_RETURN_IF_ERROR(expr)            \
-  do {                                          \
-    ::mladcp::Status mladcp_status_ = (expr);   \
+#define MLADCP_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::mladcp::Status mladcp_status_ = (expr);        \
     if (!mladcp_status_.ok()) return mladcp_status_; \
   } while (0)

@@ -14,14 +14,15 @@ Status MlaAttention::create(std::unique_ptr<Backend> backend, const DcpShard& sh
   if (shard.interleave < 1) return detail::invalid("shard.interleave=", shard.interleave, ": must be >= 1");
   const BackendCapabilities& caps = backend->capabilities();
   if (shard.world > 1 && !caps.can_return_lse_for_decode) {
-    return Status::Unsupported(detail::cat(
-        "decode context parallelism (shard.world=", shard.world, ") needs the softmax LSE for decode, but backend '",
-        caps.name, "' cannot return it (can_return_lse_for_decode=false); choose a backend with LSE support "
-        "(see `mladcp backends`) or set shard.world=1"));
+    return Status::Unsupported(
+        detail::cat("decode context parallelism (shard.world=", shard.world,
+                    ") needs the softmax LSE for decode, but backend '", caps.name,
+                    "' cannot return it (can_return_lse_for_decode=false); choose a backend with LSE support "
+                    "(see `mladcp backends`) or set shard.world=1"));
   }
   if (shard.interleave > 1 && !caps.supports_dcp_interleave) {
-    return Status::Unsupported(detail::cat("shard.interleave=", shard.interleave, ": backend '", caps.name,
-                                           "' supports only interleave 1"));
+    return Status::Unsupported(
+        detail::cat("shard.interleave=", shard.interleave, ": backend '", caps.name, "' supports only interleave 1"));
   }
   const bool need = shard.world > 1 && caps.can_return_lse_for_decode;
   out->reset(new MlaAttention(std::move(backend), shard, need));

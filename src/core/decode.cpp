@@ -1,12 +1,24 @@
 // Generic validation of MlaDecodeParams (shared by every backend) and small host helpers.
+#include "mladcp/decode.h"
+
 #include <algorithm>
 #include <cmath>
 
 #include "core/validate.h"
 #include "mladcp/backend.h"
-#include "mladcp/decode.h"
 
 namespace mladcp {
+
+const char* split_policy_name(SplitPolicy s) {
+  switch (s) {
+    case SplitPolicy::kBatchInvariant:
+      return "invariant";
+    case SplitPolicy::kFillDevice:
+      return "fill";
+  }
+  return "?";
+}
+
 namespace detail {
 
 std::string join_dtypes(const std::vector<DType>& v) {
@@ -55,19 +67,18 @@ Status validate_decode(const MlaDecodeParams& p, const BackendCapabilities& caps
   if (p.q_len < caps.min_q_len || p.q_len > caps.max_q_len)
     return invalid("q_len=", p.q_len, ": backend '", be, "' accepts ", caps.min_q_len, "..", caps.max_q_len);
   if (p.num_heads < caps.min_heads || p.num_heads > caps.max_heads)
-    return invalid("num_heads=", p.num_heads, ": backend '", be, "' accepts ", caps.min_heads, "..",
-                   caps.max_heads);
+    return invalid("num_heads=", p.num_heads, ": backend '", be, "' accepts ", caps.min_heads, "..", caps.max_heads);
   if (p.head_group_size < 0 || (p.head_group_size > 0 && p.num_heads % p.head_group_size != 0))
-    return invalid("head_group_size=", p.head_group_size, ": must be 0 (one group) or a divisor of num_heads=",
-                   p.num_heads);
+    return invalid("head_group_size=", p.head_group_size,
+                   ": must be 0 (one group) or a divisor of num_heads=", p.num_heads);
   const DcpShard& s = p.shard;
   if (s.world < 1) return invalid("shard.world=", s.world, ": must be >= 1");
   if (s.rank < 0 || s.rank >= s.world)
     return invalid("shard.rank=", s.rank, ": must be in [0, shard.world=", s.world, ")");
   if (s.interleave < 1) return invalid("shard.interleave=", s.interleave, ": must be >= 1");
   if (s.interleave > 1 && !caps.supports_dcp_interleave)
-    return Status::Unsupported(detail::cat("shard.interleave=", s.interleave, ": backend '", be,
-                                           "' supports only interleave 1"));
+    return Status::Unsupported(
+        detail::cat("shard.interleave=", s.interleave, ": backend '", be, "' supports only interleave 1"));
   if (!detail::contains(caps.q_dtypes, p.q_dtype))
     return invalid("q_dtype=", dtype_name(p.q_dtype), ": backend '", be, "' accepts ",
                    detail::join_dtypes(caps.q_dtypes));
@@ -80,8 +91,7 @@ Status validate_decode(const MlaDecodeParams& p, const BackendCapabilities& caps
   if (p.block_size < 1) return invalid("block_size=", p.block_size, ": must be >= 1");
   if (!caps.block_sizes.empty() &&
       std::find(caps.block_sizes.begin(), caps.block_sizes.end(), p.block_size) == caps.block_sizes.end())
-    return invalid("block_size=", p.block_size, ": backend '", be, "' accepts ",
-                   detail::join_ints(caps.block_sizes));
+    return invalid("block_size=", p.block_size, ": backend '", be, "' accepts ", detail::join_ints(caps.block_sizes));
   if (p.block_size % s.interleave != 0)
     return invalid("block_size=", p.block_size, ": must be a multiple of shard.interleave=", s.interleave);
   if (!(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f))
@@ -89,6 +99,8 @@ Status validate_decode(const MlaDecodeParams& p, const BackendCapabilities& caps
   if (!(std::isfinite(p.kv_scale) && p.kv_scale > 0.0f))
     return invalid("kv_scale=", p.kv_scale, ": must be finite and > 0");
   if (p.max_seq_len < 0) return invalid("max_seq_len=", p.max_seq_len, ": must be >= 0");
+  if (p.split_policy != SplitPolicy::kBatchInvariant && p.split_policy != SplitPolicy::kFillDevice)
+    return invalid("split_policy=", int(p.split_policy), ": accepted kBatchInvariant (0), kFillDevice (1)");
   if (p.num_seqs == 0) return Status::Ok();  // nothing to read or write
   if (!p.q) return invalid("q: null pointer (expected [T, H, 576])");
   if (!p.out) return invalid("out: null pointer (expected [T, H, 512])");
@@ -107,13 +119,13 @@ Status validate_decode(const MlaDecodeParams& p, const BackendCapabilities& caps
     return invalid("kv_scale=", p.kv_scale, ": only fp8_e4m3 caches take a scale (use 1.0)");
   // Explicit strides must not make rows overlap.
   const int64_t Hg = p.head_group_size ? p.head_group_size : p.num_heads;
-  if (p.q_stride_head && p.q_stride_head < kQkDim) return invalid("q_stride_head=", p.q_stride_head, ": must be >= 576");
+  if (p.q_stride_head && p.q_stride_head < kQkDim)
+    return invalid("q_stride_head=", p.q_stride_head, ": must be >= 576");
   if (p.q_stride_token && p.q_stride_token < Hg * (p.q_stride_head ? p.q_stride_head : kQkDim))
     return invalid("q_stride_token=", p.q_stride_token, ": must be >= head_group_size * q_stride_head");
   if (p.kv_stride_token && p.kv_stride_token < kQkDim)
     return invalid("kv_stride_token=", p.kv_stride_token, ": must be >= 576");
-  if (p.kv_stride_block &&
-      p.kv_stride_block < int64_t(p.block_size) * (p.kv_stride_token ? p.kv_stride_token : kQkDim))
+  if (p.kv_stride_block && p.kv_stride_block < int64_t(p.block_size) * (p.kv_stride_token ? p.kv_stride_token : kQkDim))
     return invalid("kv_stride_block=", p.kv_stride_block, ": must be >= block_size * kv_stride_token");
   if (p.block_table_stride && p.block_table_stride < p.max_blocks_per_seq)
     return invalid("block_table_stride=", p.block_table_stride, ": must be >= max_blocks_per_seq");
@@ -153,8 +165,8 @@ Status check_host_indices(const MlaDecodeParams& in) {
     for (int64_t i = 0; i < blocks; ++i) {
       const int32_t id = p.block_table[b * p.block_table_stride + i];
       if (id < 0 || id >= p.num_blocks)
-        return invalid("block_table[", b, "][", i, "]=", id, ": block id out of range [0, num_blocks=",
-                       p.num_blocks, ")");
+        return invalid("block_table[", b, "][", i, "]=", id, ": block id out of range [0, num_blocks=", p.num_blocks,
+                       ")");
     }
   }
   return Status::Ok();

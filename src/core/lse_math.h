@@ -50,9 +50,7 @@ struct Combiner {
     if (l != -INFINITY) sum += exp_b(l - max_l, base);
   }
   // Merged LSE: -inf when every state is empty.
-  MLADCP_HD float merged_lse() const {
-    return sum > 0.0f ? log_b(sum, base) + max_l : -INFINITY;
-  }
+  MLADCP_HD float merged_lse() const { return sum > 0.0f ? log_b(sum, base) + max_l : -INFINITY; }
   // Weight of a state in the merged output: b^(l - merged), exactly 0 for an empty state.
   MLADCP_HD float weight(float l) const {
     l = sanitize(l);

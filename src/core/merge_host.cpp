@@ -18,20 +18,32 @@ bool is_float_dtype(DType t) { return t == DType::kBF16 || t == DType::kFP16 || 
 
 float load(const void* base, DType t, int64_t i) {
   switch (t) {
-    case DType::kBF16: return numeric::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kFP16: return numeric::fp16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kFP32: return static_cast<const float*>(base)[i];
-    case DType::kFP8E4M3: return numeric::fp8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
+    case DType::kBF16:
+      return numeric::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kFP16:
+      return numeric::fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kFP32:
+      return static_cast<const float*>(base)[i];
+    case DType::kFP8E4M3:
+      return numeric::fp8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
   }
   return 0.0f;
 }
 
 void store(void* base, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::kBF16: static_cast<uint16_t*>(base)[i] = numeric::float_to_bf16(v); break;
-    case DType::kFP16: static_cast<uint16_t*>(base)[i] = numeric::float_to_fp16(v); break;
-    case DType::kFP32: static_cast<float*>(base)[i] = v; break;
-    case DType::kFP8E4M3: static_cast<uint8_t*>(base)[i] = numeric::float_to_fp8e4m3(v); break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = numeric::float_to_bf16(v);
+      break;
+    case DType::kFP16:
+      static_cast<uint16_t*>(base)[i] = numeric::float_to_fp16(v);
+      break;
+    case DType::kFP32:
+      static_cast<float*>(base)[i] = v;
+      break;
+    case DType::kFP8E4M3:
+      static_cast<uint8_t*>(base)[i] = numeric::float_to_fp8e4m3(v);
+      break;
   }
 }
 
@@ -42,8 +54,7 @@ Status validate(const MergeParams& p) {
   if (p.num_tokens < 0) return invalid("num_tokens=", p.num_tokens, ": must be >= 0");
   if (p.num_heads < 1) return invalid("num_heads=", p.num_heads, ": must be >= 1");
   if (p.head_dim < 1) return invalid("head_dim=", p.head_dim, ": must be >= 1");
-  if (!is_float_dtype(p.in_dtype))
-    return invalid("in_dtype=", dtype_name(p.in_dtype), ": accepted bf16, fp16, fp32");
+  if (!is_float_dtype(p.in_dtype)) return invalid("in_dtype=", dtype_name(p.in_dtype), ": accepted bf16, fp16, fp32");
   if (!is_float_dtype(p.out_dtype))
     return invalid("out_dtype=", dtype_name(p.out_dtype), ": accepted bf16, fp16, fp32");
   if (p.num_tokens == 0) return Status::Ok();
@@ -84,9 +95,12 @@ Status merge_states_host(const MergeParams& in) {
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t h = 0; h < H; ++h) {
       lse::Combiner c(p.in_base);
-      for (int n = 0; n < p.num_states; ++n) c.observe_max(p.in_lse[n * p.lse_stride_state + t * p.lse_stride_token + h]);
-      for (int n = 0; n < p.num_states; ++n) c.accumulate(p.in_lse[n * p.lse_stride_state + t * p.lse_stride_token + h]);
-      for (int n = 0; n < p.num_states; ++n) w[n] = c.weight(p.in_lse[n * p.lse_stride_state + t * p.lse_stride_token + h]);
+      for (int n = 0; n < p.num_states; ++n)
+        c.observe_max(p.in_lse[n * p.lse_stride_state + t * p.lse_stride_token + h]);
+      for (int n = 0; n < p.num_states; ++n)
+        c.accumulate(p.in_lse[n * p.lse_stride_state + t * p.lse_stride_token + h]);
+      for (int n = 0; n < p.num_states; ++n)
+        w[n] = c.weight(p.in_lse[n * p.lse_stride_state + t * p.lse_stride_token + h]);
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int n = 0; n < p.num_states; ++n) {
         if (w[n] == 0.0f) continue;
@@ -111,7 +125,8 @@ Status rescale_states_host(const RescaleParams& p) {
       for (int n = 0; n < p.world; ++n) c.accumulate(p.all_lse[(n * T + t) * H + h]);
       const float w = c.weight(p.all_lse[(p.rank * T + t) * H + h]);
       const int64_t ob = (t * H + h) * D;
-      for (int64_t d = 0; d < D; ++d) store(p.out, p.out_dtype, ob + d, lse::weighted(w, load(p.out, p.out_dtype, ob + d)));
+      for (int64_t d = 0; d < D; ++d)
+        store(p.out, p.out_dtype, ob + d, lse::weighted(w, load(p.out, p.out_dtype, ob + d)));
       if (p.merged_lse) p.merged_lse[t * H + h] = c.merged_lse();
     }
   }

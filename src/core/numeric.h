@@ -87,7 +87,7 @@ MLADCP_HD uint8_t float_to_fp8e4m3(float f) {
   float a = fabsf(f);
   if (a != a) return uint8_t(sign | 0x7fu);
   if (a >= 448.0f) return uint8_t(sign | 0x7eu);  // saturate
-  if (a < 0.015625f) {  // below 2^-6: subnormal, multiples of 2^-9
+  if (a < 0.015625f) {                            // below 2^-6: subnormal, multiples of 2^-9
     float r = rintf(a * 512.0f);
     return uint8_t(sign | uint8_t(r));  // r == 8 encodes 2^-6 exactly (exp 1, man 0)
   }

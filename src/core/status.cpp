@@ -6,15 +6,24 @@ namespace mladcp {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid_argument";
-    case StatusCode::kUnsupported: return "unsupported";
-    case StatusCode::kCudaError: return "cuda_error";
-    case StatusCode::kCommError: return "comm_error";
-    case StatusCode::kTimeout: return "timeout";
-    case StatusCode::kRemoteError: return "remote_error";
-    case StatusCode::kUnavailable: return "unavailable";
-    case StatusCode::kInternal: return "internal";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid_argument";
+    case StatusCode::kUnsupported:
+      return "unsupported";
+    case StatusCode::kCudaError:
+      return "cuda_error";
+    case StatusCode::kCommError:
+      return "comm_error";
+    case StatusCode::kTimeout:
+      return "timeout";
+    case StatusCode::kRemoteError:
+      return "remote_error";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    case StatusCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }
@@ -26,10 +35,14 @@ std::string Status::to_string() const {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kBF16: return "bf16";
-    case DType::kFP16: return "fp16";
-    case DType::kFP32: return "fp32";
-    case DType::kFP8E4M3: return "fp8_e4m3";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kFP16:
+      return "fp16";
+    case DType::kFP32:
+      return "fp32";
+    case DType::kFP8E4M3:
+      return "fp8_e4m3";
   }
   return "unknown";
 }

@@ -137,7 +137,8 @@ Status make_problem(const Config& c, Problem* out) {
       const int64_t g = sharding::local_to_global(k, s.world, s.rank, s.interleave);
       const int32_t block = p.block_table[size_t(b) * p.max_blocks_per_seq + k / c.block_size];
       const size_t base = size_t(block) * block_elems + size_t(k % c.block_size) * kQkDim;
-      for (int d = 0; d < kQkDim; ++d) put(base + d, value(c.seed, 0xca11ull << 40 | uint64_t(b), uint64_t(g), uint64_t(d)), false);
+      for (int d = 0; d < kQkDim; ++d)
+        put(base + d, value(c.seed, 0xca11ull << 40 | uint64_t(b), uint64_t(g), uint64_t(d)), false);
     }
   }
   return Status::Ok();

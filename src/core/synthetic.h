@@ -17,16 +17,16 @@ inline constexpr int32_t kUnusedBlockId = 2147480000;  // poison for block-table
 struct Config {
   int num_seqs = 4;
   int q_len = 1;
-  int num_heads = 128;            // all heads (H); a DCP rank's local q holds H / W of them
+  int num_heads = 128;  // all heads (H); a DCP rank's local q holds H / W of them
   int block_size = 64;
   std::vector<int32_t> seq_lens;  // global lengths, one per sequence (size num_seqs)
   DType kv_dtype = DType::kBF16;
-  float kv_scale = 1.0f;          // fp8: stored = value / kv_scale; bf16: 1
+  float kv_scale = 1.0f;                       // fp8: stored = value / kv_scale; bf16: 1
   float softmax_scale = 0.07216878364870322f;  // 1/sqrt(192), DeepSeek-V3
-  DcpShard shard;                 // which shard of the cache to build (world 1: the whole cache)
-  int spare_blocks = 3;           // extra NaN-filled blocks in the pool that no sequence uses
+  DcpShard shard;                              // which shard of the cache to build (world 1: the whole cache)
+  int spare_blocks = 3;                        // extra NaN-filled blocks in the pool that no sequence uses
   uint64_t seed = 1;
-  bool poison = true;             // NaN in unused slots and blocks (else zeros)
+  bool poison = true;  // NaN in unused slots and blocks (else zeros)
 };
 
 struct Problem {
