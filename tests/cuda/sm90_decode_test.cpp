@@ -80,6 +80,7 @@ std::vector<synthetic::Config> hopper_shapes() {
       config(64, 2, 32, {3, 300, 5000}, 206, {2, 1, 1}),   // DCP rank 1 of 2, interleave 1
       config(32, 4, 64, {4, 200, 4500}, 207, {4, 3, 64}),  // DCP rank 3 of 4, interleave 64
       config(64, 3, 16, {0, 3, 4, 130}, 208, {4, 0, 2}),   // rows whose local keys are all masked
+      config(128, 1, 64, {128, 192, 2048, 2111}, 209),     // whole tile pairs, an odd last split of one tile
   };
 }
 
