@@ -54,6 +54,11 @@ void add_decode_command(CLI::App& app) {
   sub->add_option("--out-dtype", opt->out_dtype, "Output dtype: bf16 or fp32")->capture_default_str();
   sub->add_option("--lse-base", opt->lse_base, "Base of the returned LSE: e or 2")->capture_default_str();
   sub->add_flag("--no-lse", opt->no_lse, "Ask the kernel for no LSE");
+  sub->add_option("--split-policy", opt->split_policy,
+                  "Split-KV plan of device backends: invariant (results independent of the batch) or fill "
+                  "(shorter splits that fill the GPU; faster for few long sequences, results may depend on the "
+                  "batch and the device)")
+      ->capture_default_str();
   sub->add_option("--dcp-world", opt->dcp_world, "DCP group size W: decode one shard of a W-way sharded cache")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));

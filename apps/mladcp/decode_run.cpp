@@ -8,8 +8,8 @@
 #include <new>
 #include <thread>
 
-#include "cli_common.h"
 #include "check/compare.h"
+#include "cli_common.h"
 #include "core/validate.h"
 #include "mladcp/device_memory.h"
 #include "mladcp/sharding.h"
@@ -221,6 +221,9 @@ Status run_decode(const DecodeOptions& opt, DecodeReport* report) {
   MLADCP_RETURN_IF_ERROR(parse_options(opt, &r.config, &r.out_dtype, &r.lse_base));
   const LseBase base = r.lse_base;
   r.lse = !opt.no_lse;
+  if (opt.split_policy != "invariant" && opt.split_policy != "fill")
+    return invalid("--split-policy=", opt.split_policy, ": accepted invariant, fill");
+  r.split_policy = opt.split_policy == "fill" ? SplitPolicy::kFillDevice : SplitPolicy::kBatchInvariant;
 
   r.backend = opt.backend.empty() ? best_available_backend() : opt.backend;
   const std::vector<std::string> names = backend_names();
@@ -258,7 +261,8 @@ Status run_decode(const DecodeOptions& opt, DecodeReport* report) {
   std::vector<float> lse(r.lse ? lse_elems : 0);
   test::fill_sentinel(out.data(), r.out_dtype, out_elems);
   test::fill_sentinel(lse);
-  const MlaDecodeParams p = problem.params(out.data(), r.out_dtype, r.lse ? lse.data() : nullptr, base);
+  MlaDecodeParams p = problem.params(out.data(), r.out_dtype, r.lse ? lse.data() : nullptr, base);
+  p.split_policy = r.split_policy;
 
   // Traffic and work of one step.
   double visible = 0.0;
@@ -326,6 +330,8 @@ std::string describe_shape(const DecodeReport& r) {
                               " heads, q_len ", c.q_len, ", ", dtype_name(c.kv_dtype), " KV, block ", c.block_size,
                               ", ", dtype_name(r.out_dtype), " out");
   if (r.lse) s += detail::cat(", LSE base ", lse_base_name(r.lse_base));
+  if (r.split_policy != SplitPolicy::kBatchInvariant)
+    s += detail::cat(", split policy ", split_policy_name(r.split_policy));
   if (c.shard.world > 1)
     s += detail::cat("; DCP shard rank ", c.shard.rank, " of ", c.shard.world, ", interleave ", c.shard.interleave);
   return s;
@@ -347,7 +353,8 @@ nlohmann::ordered_json report_json(const DecodeReport& r) {
               {"kv_dtype", dtype_name(c.kv_dtype)},
               {"out_dtype", dtype_name(r.out_dtype)},
               {"lse", r.lse},
-              {"lse_base", lse_base_name(r.lse_base)}}},
+              {"lse_base", lse_base_name(r.lse_base)},
+              {"split_policy", split_policy_name(r.split_policy)}}},
             {"shard", {{"world", c.shard.world}, {"rank", c.shard.rank}, {"interleave", c.shard.interleave}}},
             {"seed", c.seed},
             {"iters", r.iters},

@@ -37,6 +37,9 @@ struct Args {
   std::vector<int> tokens{8};
   std::vector<int> contexts{32768};
   std::vector<DcpMergeMode> merges{DcpMergeMode::kAllToAll, DcpMergeMode::kAllGatherReduceScatter};
+  // Split-KV plan of the local decode (timing: DCP rows and their W=1 / TP baselines; --check runs
+  // both policies whatever this says).
+  std::vector<SplitPolicy> policies{SplitPolicy::kFillDevice};
   int heads = 128;
   int block_size = 64;
   int interleave = 1;
@@ -54,9 +57,12 @@ struct Args {
       "usage: mladcp_dcp_gpu_bench [--gpus N] [--check] [--grid] [--tokens T,..] [--context L,..]\n"
       "       [--merge a2a|ag-rs|both] [--heads H] [--block-size N] [--interleave I] [--samples N]\n"
       "       [--warmup N] [--no-baselines] [--blocking-comm] [--backend NAME] [--markdown FILE] [--json FILE]\n"
+      "       [--split-policy invariant|fill|both]\n"
       "  --check  DCP vs single-GPU decode: both merge modes, eager and CUDA graph, empty shards, q_len 2, fp8\n"
       "  --grid   timing grid T in {1, 8, 64} x context in {32768, 131072}, both merge modes\n"
-      "  Without --check or --grid: one timing run per --tokens x --context x --merge.\n");
+      "  Without --check or --grid: one timing run per --tokens x --context x --merge x --split-policy.\n"
+      "  --split-policy  split-KV plan of the local decode in the timing runs (default fill: the grid fills\n"
+      "                  the GPU; invariant: results independent of the batch); --check runs both\n");
   std::exit(2);
 }
 
@@ -117,7 +123,17 @@ Args parse(int argc, char** argv) {
       a.markdown = value();
     else if (k == "--json")
       a.json = value();
-    else if (k == "--merge") {
+    else if (k == "--split-policy") {
+      const std::string m = value();
+      if (m == "invariant")
+        a.policies = {SplitPolicy::kBatchInvariant};
+      else if (m == "fill")
+        a.policies = {SplitPolicy::kFillDevice};
+      else if (m == "both")
+        a.policies = {SplitPolicy::kFillDevice, SplitPolicy::kBatchInvariant};
+      else
+        usage(("--split-policy: accepted invariant, fill, both; got " + m).c_str());
+    } else if (k == "--merge") {
       const std::string m = value();
       if (m == "both") {
         a.merges = {DcpMergeMode::kAllToAll, DcpMergeMode::kAllGatherReduceScatter};
@@ -151,22 +167,24 @@ std::vector<NamedCase> check_cases(const Args& a) {
   auto add = [&](const std::string& name, std::vector<int32_t> lens, int q_len, int interleave, DType kv,
                  uint64_t seed) {
     for (DcpMergeMode m : a.merges)
-      for (bool graph : {false, true}) {
-        CheckCase c;
-        c.problem.num_seqs = int(lens.size());
-        c.problem.seq_lens = lens;
-        c.problem.q_len = q_len;
-        c.problem.num_heads = a.heads;
-        c.problem.block_size = a.block_size;
-        c.problem.kv_dtype = kv;
-        c.problem.kv_scale = kv == DType::kFP8E4M3 ? 0.5f : 1.0f;
-        c.problem.seed = seed;
-        c.interleave = interleave;
-        c.merge_mode = m;
-        c.graph = graph;
-        c.backend = a.backend;
-        cases.push_back({name, c});
-      }
+      for (SplitPolicy policy : {SplitPolicy::kBatchInvariant, SplitPolicy::kFillDevice})
+        for (bool graph : {false, true}) {
+          CheckCase c;
+          c.problem.num_seqs = int(lens.size());
+          c.problem.seq_lens = lens;
+          c.problem.q_len = q_len;
+          c.problem.num_heads = a.heads;
+          c.problem.block_size = a.block_size;
+          c.problem.kv_dtype = kv;
+          c.problem.kv_scale = kv == DType::kFP8E4M3 ? 0.5f : 1.0f;
+          c.problem.seed = seed;
+          c.interleave = interleave;
+          c.merge_mode = m;
+          c.graph = graph;
+          c.split_policy = policy;
+          c.backend = a.backend;
+          cases.push_back({name, c});
+        }
   };
   add("mixed lengths", {4096, 1000, 77, 3000}, 1, 1, DType::kBF16, 1);
   add("empty shards (I=1)", {1, 2, 3, 65}, 1, 1, DType::kBF16, 2);
@@ -182,7 +200,8 @@ Status run_checks(RankGroup& g, const Args& a, bool* all_ok) {
   if (g.leader())
     std::printf(
         "## DCP check: W=%d vs single-GPU decode of the unsharded cache (backend %s, H=%d)\n\n"
-        "| case | merge | mode | max rel err out | max abs err lse | result |\n|---|---|---|---:|---:|---|\n",
+        "| case | merge | split policy | mode | max rel err out | max abs err lse | result |\n"
+        "|---|---|---|---|---:|---:|---|\n",
         g.world(), a.backend.c_str(), a.heads);
   for (const NamedCase& nc : check_cases(a)) {
     std::mutex mu;
@@ -199,16 +218,17 @@ Status run_checks(RankGroup& g, const Args& a, bool* all_ok) {
     });
     if (!s.ok()) {
       if (g.leader())
-        std::printf("| %s | %s | %s | | | ERROR: %s |\n", nc.name.c_str(), dcp_merge_mode_name(nc.c.merge_mode),
-                    nc.c.graph ? "graph" : "eager", s.to_string().c_str());
+        std::printf("| %s | %s | %s | %s | | | ERROR: %s |\n", nc.name.c_str(), dcp_merge_mode_name(nc.c.merge_mode),
+                    split_policy_name(nc.c.split_policy), nc.c.graph ? "graph" : "eager", s.to_string().c_str());
       *all_ok = false;
       return s;
     }
     const bool ok = worst[0] == 0.0;
     *all_ok = *all_ok && ok;
     if (g.leader())
-      std::printf("| %s | %s | %s | %.3g | %.3g | %s |\n", nc.name.c_str(), dcp_merge_mode_name(nc.c.merge_mode),
-                  nc.c.graph ? "graph" : "eager", worst[1], worst[2], ok ? "ok" : "MISMATCH");
+      std::printf("| %s | %s | %s | %s | %.3g | %.3g | %s |\n", nc.name.c_str(), dcp_merge_mode_name(nc.c.merge_mode),
+                  split_policy_name(nc.c.split_policy), nc.c.graph ? "graph" : "eager", worst[1], worst[2],
+                  ok ? "ok" : "MISMATCH");
     std::fflush(stdout);
   }
   if (g.leader()) std::printf("\ncheck: %s\n\n", *all_ok ? "PASSED" : "FAILED");
@@ -220,12 +240,13 @@ Status run_checks(RankGroup& g, const Args& a, bool* all_ok) {
 struct Row {
   int tokens = 0, context = 0;
   DcpMergeMode merge = DcpMergeMode::kAllToAll;
+  SplitPolicy policy = SplitPolicy::kBatchInvariant;
   TimingResult dcp;         // max over ranks
   TimingResult single, tp;  // W = 1 with H heads, and with H/W heads (tensor-parallel attention)
   bool have_baselines = false;
 };
 
-TimingCase timing_case(const Args& a, int tokens, int context, DcpMergeMode merge) {
+TimingCase timing_case(const Args& a, int tokens, int context, DcpMergeMode merge, SplitPolicy policy) {
   TimingCase t;
   t.num_seqs = tokens;
   t.q_len = 1;
@@ -234,6 +255,7 @@ TimingCase timing_case(const Args& a, int tokens, int context, DcpMergeMode merg
   t.block_size = a.block_size;
   t.interleave = a.interleave;
   t.merge_mode = merge;
+  t.split_policy = policy;
   t.samples = a.samples;
   t.warmup = a.warmup;
   t.backend = a.backend;
@@ -242,14 +264,15 @@ TimingCase timing_case(const Args& a, int tokens, int context, DcpMergeMode merg
 }
 
 // W = 1 runs on the leader's GPU over a one-rank communicator of its own.
-Status run_baselines(NcclCommunicator& world_comm, const Args& a, int tokens, int context, Row* row) {
+Status run_baselines(NcclCommunicator& world_comm, const Args& a, int tokens, int context, SplitPolicy policy,
+                     Row* row) {
   if (world_comm.rank() == 0) {
     NcclOptions o;
     o.device = world_comm.device();
     std::unique_ptr<NcclCommunicator> solo;
     MLADCP_RETURN_IF_ERROR(create_nccl_communicator(
         0, 1, [](int, NcclUniqueId*) { return Status::Ok(); }, o, &solo));
-    TimingCase t = timing_case(a, tokens, context, DcpMergeMode::kAllToAll);
+    TimingCase t = timing_case(a, tokens, context, DcpMergeMode::kAllToAll, policy);
     t.eager_sync = false;  // nothing to wait for with one rank
     MLADCP_RETURN_IF_ERROR(run_timing(*solo, t, &row->single));
     t.num_heads = a.heads / world_comm.world_size();
@@ -274,11 +297,13 @@ std::string markdown(const std::vector<Row>& rows, int world, const Args& a) {
      << " warm-up, max over ranks)\n\n"
      << "Phases per layer in µs. eager-sync: the host waits (deadline-checked) after each exchange; eager: no host "
         "wait inside the step; graph: the whole step as one CUDA graph. W=1: all H heads over the whole cache on "
-        "one GPU; TP attn: H/W heads over the whole cache (what each GPU computes under tensor parallelism).\n\n"
-     << "| T | ctx | merge | mode | step | q AG | attn | exch | merge | (exch+merge)/attn | W=1 step | TP attn | "
+        "one GPU; TP attn: H/W heads over the whole cache (what each GPU computes under tensor parallelism); both "
+        "with the row's split policy.\n\n"
+     << "| T | ctx | merge | split policy | mode | step | q AG | attn | exch | merge | (exch+merge)/attn | W=1 step | "
+        "TP attn | "
         "step W2/W1 | step/TP | KV/GPU W="
      << world << " GB | KV/GPU W=1 GB |\n"
-     << "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+     << "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const Row& r : rows) {
     const PhaseTimes* modes[] = {&r.dcp.eager_sync, &r.dcp.eager, &r.dcp.graph};
     const char* names[] = {"eager-sync", "eager", "graph"};
@@ -290,9 +315,9 @@ std::string markdown(const std::vector<Row>& rows, int world, const Args& a) {
       const double nan = std::nan("");
       const double w1 = r.have_baselines && single.measured ? single.step_us : nan;
       const double tpa = r.have_baselines && tp.measured ? tp.step_us : nan;
-      os << "| " << r.tokens << " | " << r.context << " | " << dcp_merge_mode_name(r.merge) << " | " << names[m]
-         << " | " << fmt(p.step_us) << " | " << fmt(p.q_gather_us) << " | " << fmt(p.attention_us) << " | "
-         << fmt(p.exchange_us) << " | " << fmt(p.merge_us) << " | "
+      os << "| " << r.tokens << " | " << r.context << " | " << dcp_merge_mode_name(r.merge) << " | "
+         << split_policy_name(r.policy) << " | " << names[m] << " | " << fmt(p.step_us) << " | " << fmt(p.q_gather_us)
+         << " | " << fmt(p.attention_us) << " | " << fmt(p.exchange_us) << " | " << fmt(p.merge_us) << " | "
          << fmt(100.0 * (p.exchange_us + p.merge_us) / p.attention_us, 0) << "% | " << fmt(w1) << " | " << fmt(tpa)
          << " | " << fmt(p.step_us / w1, 2) << " | " << fmt(p.step_us / tpa, 2) << " | "
          << fmt(double(r.dcp.kv_bytes_rank) / 1e9, 2) << " | "
@@ -322,9 +347,9 @@ std::string json(const std::vector<Row>& rows, int world, const Args& a) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     os << "  {\"tokens\": " << r.tokens << ", \"context\": " << r.context << ", \"merge\": \""
-       << dcp_merge_mode_name(r.merge) << "\", \"kv_bytes_per_gpu\": " << r.dcp.kv_bytes_rank
-       << ", \"eager_sync\": " << phases(r.dcp.eager_sync) << ", \"eager\": " << phases(r.dcp.eager)
-       << ", \"graph\": " << phases(r.dcp.graph);
+       << dcp_merge_mode_name(r.merge) << "\", \"split_policy\": \"" << split_policy_name(r.policy)
+       << "\", \"kv_bytes_per_gpu\": " << r.dcp.kv_bytes_rank << ", \"eager_sync\": " << phases(r.dcp.eager_sync)
+       << ", \"eager\": " << phases(r.dcp.eager) << ", \"graph\": " << phases(r.dcp.graph);
     if (r.have_baselines)
       os << ", \"w1\": {\"eager\": " << phases(r.single.eager) << ", \"graph\": " << phases(r.single.graph)
          << ", \"kv_bytes\": " << r.single.kv_bytes_rank << "}, \"tp_attention\": {\"eager\": " << phases(r.tp.eager)
@@ -338,52 +363,54 @@ std::string json(const std::vector<Row>& rows, int world, const Args& a) {
 // `on_row` runs on the leader after each row (the outputs are rewritten, so a run cut short keeps its rows).
 Status run_grid(RankGroup& g, const Args& a, std::vector<Row>* rows, const std::function<void()>& on_row) {
   for (int tokens : a.tokens)
-    for (int context : a.contexts) {
-      Row base;
-      base.tokens = tokens;
-      base.context = context;
-      for (size_t mi = 0; mi < a.merges.size(); ++mi) {
-        Row row = base;
-        row.merge = a.merges[mi];
-        std::mutex mu;
-        MLADCP_RETURN_IF_ERROR(g.each([&](NcclCommunicator& comm) -> Status {
-          TimingResult r;
-          MLADCP_RETURN_IF_ERROR(run_timing(comm, timing_case(a, tokens, context, row.merge), &r));
-          std::vector<double> v = to_vector(r);
-          MLADCP_RETURN_IF_ERROR(max_over_ranks(comm, &v, 120s));
-          from_vector(v, &r);
-          if (comm.rank() == 0) {
-            std::lock_guard<std::mutex> lock(mu);
-            row.dcp = r;
-          }
-          // Baselines once per (T, ctx), after the first merge mode.
-          if (mi == 0 && a.baselines) {
-            Row b;
-            MLADCP_RETURN_IF_ERROR(run_baselines(comm, a, tokens, context, &b));
+    for (int context : a.contexts)
+      for (SplitPolicy policy : a.policies) {
+        Row base;
+        base.tokens = tokens;
+        base.context = context;
+        base.policy = policy;
+        for (size_t mi = 0; mi < a.merges.size(); ++mi) {
+          Row row = base;
+          row.merge = a.merges[mi];
+          std::mutex mu;
+          MLADCP_RETURN_IF_ERROR(g.each([&](NcclCommunicator& comm) -> Status {
+            TimingResult r;
+            MLADCP_RETURN_IF_ERROR(run_timing(comm, timing_case(a, tokens, context, row.merge, policy), &r));
+            std::vector<double> v = to_vector(r);
+            MLADCP_RETURN_IF_ERROR(max_over_ranks(comm, &v, 120s));
+            from_vector(v, &r);
             if (comm.rank() == 0) {
               std::lock_guard<std::mutex> lock(mu);
-              base.single = b.single;
-              base.tp = b.tp;
-              base.have_baselines = b.have_baselines;
+              row.dcp = r;
             }
+            // Baselines once per (T, ctx), after the first merge mode.
+            if (mi == 0 && a.baselines) {
+              Row b;
+              MLADCP_RETURN_IF_ERROR(run_baselines(comm, a, tokens, context, policy, &b));
+              if (comm.rank() == 0) {
+                std::lock_guard<std::mutex> lock(mu);
+                base.single = b.single;
+                base.tp = b.tp;
+                base.have_baselines = b.have_baselines;
+              }
+            }
+            return Status::Ok();
+          }));
+          row.single = base.single;
+          row.tp = base.tp;
+          row.have_baselines = base.have_baselines;
+          rows->push_back(row);
+          if (g.leader()) {
+            const PhaseTimes& p = row.dcp.graph.measured ? row.dcp.graph : row.dcp.eager;
+            std::printf("T=%d ctx=%d %s %s: step %s us (attn %s, exch %s, merge %s)%s\n", tokens, context,
+                        dcp_merge_mode_name(row.merge), split_policy_name(policy), fmt(p.step_us).c_str(),
+                        fmt(p.attention_us).c_str(), fmt(p.exchange_us).c_str(), fmt(p.merge_us).c_str(),
+                        row.dcp.graph.measured ? " [graph]" : " [eager]");
+            std::fflush(stdout);
+            on_row();
           }
-          return Status::Ok();
-        }));
-        row.single = base.single;
-        row.tp = base.tp;
-        row.have_baselines = base.have_baselines;
-        rows->push_back(row);
-        if (g.leader()) {
-          const PhaseTimes& p = row.dcp.graph.measured ? row.dcp.graph : row.dcp.eager;
-          std::printf("T=%d ctx=%d %s: step %s us (attn %s, exch %s, merge %s)%s\n", tokens, context,
-                      dcp_merge_mode_name(row.merge), fmt(p.step_us).c_str(), fmt(p.attention_us).c_str(),
-                      fmt(p.exchange_us).c_str(), fmt(p.merge_us).c_str(),
-                      row.dcp.graph.measured ? " [graph]" : " [eager]");
-          std::fflush(stdout);
-          on_row();
         }
       }
-    }
   return Status::Ok();
 }
 

@@ -9,6 +9,19 @@
 
 namespace mladcp {
 
+// How a device backend cuts sequences into split-KV work units (host backends ignore it).
+enum class SplitPolicy {
+  // Split lengths depend only on each sequence's own length and the head count: a sequence's result
+  // is bitwise the same whatever else is in the batch and on every device. The default.
+  kBatchInvariant = 0,
+  // Split lengths chosen so that the grid fills the device (about one to two waves of CTAs) from the
+  // batch shape (num_seqs, max_seq_len, heads) and the device's SM count: faster for few long
+  // sequences; results may depend on the batch and the device (still deterministic run to run for
+  // the same batch on the same device).
+  kFillDevice = 1,
+};
+const char* split_policy_name(SplitPolicy s);  // "invariant", "fill"
+
 // All strides are in elements of the tensor's own dtype. Memory lives where the backend runs
 // (host for "cpu*", device for "cuda"). T = num_seqs · q_len; token index t = seq · q_len + i.
 //
@@ -67,6 +80,10 @@ struct MlaDecodeParams {
   // pass over the block table (a host read for device backends is not done: they check in-kernel
   // and clamp, see the backend's capabilities).
   bool check_block_ids = true;
+
+  // Split-KV planning of device backends (see SplitPolicy); host backends accept and ignore it.
+  // Device backends' workspace_bytes() depend on it.
+  SplitPolicy split_policy = SplitPolicy::kBatchInvariant;
 };
 
 // The same params with every zero stride (and head_group_size) replaced by its contiguous default.

@@ -295,7 +295,8 @@ std::string describe(const CheckCase& c, int world) {
      << " block=" << p.block_size << " kv=" << dtype_name(p.kv_dtype) << " lens=[";
   for (size_t i = 0; i < p.seq_lens.size(); ++i) os << (i ? ", " : "") << p.seq_lens[i];
   os << "] W=" << world << " I=" << c.interleave << " merge=" << dcp_merge_mode_name(c.merge_mode)
-     << " out=" << dtype_name(c.out_dtype) << (c.graph ? " graph" : " eager") << " backend=" << c.backend;
+     << " split_policy=" << split_policy_name(c.split_policy) << " out=" << dtype_name(c.out_dtype)
+     << (c.graph ? " graph" : " eager") << " backend=" << c.backend;
   return os.str();
 }
 
@@ -429,6 +430,7 @@ Status run_check(NcclCommunicator& comm, const CheckCase& c, CheckResult* result
   local.kv_cache = d_kv.data();
   local.block_table = d_bt.as<int32_t>();
   local.seq_lens = d_lens.as<int32_t>();
+  local.split_policy = c.split_policy;
   MLADCP_RETURN_IF_ERROR(d_ws.alloc(decoder->workspace_bytes(local)));
   ExecContext ctx;
   ctx.stream = stream;
@@ -608,6 +610,7 @@ Status run_timing(NcclCommunicator& comm, const TimingCase& c, TimingResult* res
     p.softmax_scale = 0.07216878364870322f;  // 1/sqrt(192)
     p.out = d_out.data();
     p.out_dtype = DType::kBF16;
+    p.split_policy = c.split_policy;
   }
   MLADCP_RETURN_IF_ERROR(d_ws.alloc(decoder->workspace_bytes(params[0])));
   ExecContext ctx;

@@ -33,6 +33,7 @@ struct CheckCase {
   DType out_dtype = DType::kBF16;
   bool with_lse = true;  // also return and check the merged LSE
   bool graph = false;    // capture the step in a CUDA graph and replay it (instead of running it eagerly)
+  SplitPolicy split_policy = SplitPolicy::kBatchInvariant;  // of the DCP step's local decode
   std::string backend = "cuda";
   std::chrono::milliseconds deadline{30000};
 };
@@ -58,6 +59,7 @@ struct TimingCase {
   int interleave = 1;
   DType kv_dtype = DType::kBF16;
   DcpMergeMode merge_mode = DcpMergeMode::kAllToAll;
+  SplitPolicy split_policy = SplitPolicy::kBatchInvariant;  // split-KV plan of the local decode
   bool eager_sync = true;  // eager, host waits (with the deadline) after each exchange
   bool eager = true;       // eager, no host wait inside the step
   bool graph = true;       // the step captured in a CUDA graph

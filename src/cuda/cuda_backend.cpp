@@ -40,6 +40,8 @@ bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % 
 struct DeviceState {
   Status status;
   size_t smem_optin = 0;
+  size_t smem_per_sm = 0;  // shared memory of one SM (bounds the resident split CTAs)
+  int sm_count = 0;
   bool sm90 = false;  // compute capability 9.0 and the Hopper decode kernel is ready
 };
 
@@ -55,6 +57,15 @@ Status device_state(int device, DeviceState* out) {
     s->status = cuda_status(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
                             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
     s->smem_optin = size_t(optin);
+    int per_sm = 0, sms = 0;
+    if (s->status.ok())
+      s->status = cuda_status(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+                              "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)");
+    if (s->status.ok())
+      s->status = cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                              "cudaDeviceGetAttribute(MultiProcessorCount)");
+    s->smem_per_sm = size_t(per_sm);
+    s->sm_count = sms;
     if (s->status.ok()) s->status = cuda_impl::prepare_decode_kernels(s->smem_optin);
     int major = 0, minor = 0;
     if (s->status.ok() && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
@@ -97,6 +108,30 @@ Status check_device_layout(const MlaDecodeParams& p) {
   return Status::Ok();
 }
 
+// Which split kernel a call runs and what it costs an SM.
+struct KernelChoice {
+  int kv_stages = 2;
+  bool sm90 = false;
+  size_t smem = 0;  // dynamic shared memory per CTA
+};
+
+KernelChoice choose_kernel(int rows_per_cta, bool fp8, const DeviceState& dev, bool force_single_stage, bool use_sm90) {
+  KernelChoice k;
+  if (force_single_stage || cuda_impl::decode_smem_bytes(rows_per_cta, fp8, 2) > dev.smem_optin) k.kv_stages = 1;
+  k.sm90 = use_sm90 && dev.sm90 && !fp8 && rows_per_cta == 64 && k.kv_stages == 2;
+  k.smem = k.sm90 ? cuda_impl::sm90_decode_smem_bytes() : cuda_impl::decode_smem_bytes(rows_per_cta, fp8, k.kv_stages);
+  return k;
+}
+
+// Split CTAs the device runs at once for this kernel: SMs × CTAs per SM, the latter bounded by
+// shared memory (1 KiB per CTA is reserved by the runtime) and by the kernels' register budget
+// (at most two: the 16-row kernel is built for two per SM, the others for one).
+int64_t wave_ctas(const KernelChoice& k, const DeviceState& dev) {
+  size_t per_sm = dev.smem_per_sm / (k.smem + 1024);
+  per_sm = per_sm < 1 ? 1 : (per_sm > 2 ? 2 : per_sm);
+  return int64_t(dev.sm_count) * int64_t(per_sm);
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend() : caps_(cuda_backend_capabilities()) {
@@ -113,7 +148,14 @@ class CudaBackend final : public Backend {
     if (p.num_seqs <= 0 || p.num_heads <= 0 || p.q_len <= 0 || p.max_seq_len <= 0 || p.shard.world < 1 ||
         p.shard.interleave < 1)
       return 0;
-    return cuda_plan::make_plan(p).workspace_bytes;
+    int64_t wave = 0;  // read by kFillDevice only
+    if (p.split_policy == SplitPolicy::kFillDevice) {
+      DeviceState dev;
+      if (!current_device_state(&dev).ok()) return 0;  // decode() reports the device error
+      const int rows = cuda_plan::rows_per_cta(p.num_heads * p.q_len);
+      wave = wave_ctas(choose_kernel(rows, p.kv_dtype == DType::kFP8E4M3, dev, force_single_stage_, use_sm90_), dev);
+    }
+    return cuda_plan::make_plan(p, wave).workspace_bytes;
   }
 
   Status decode(const MlaDecodeParams& in, const ExecContext& ctx) override {
@@ -121,7 +163,17 @@ class CudaBackend final : public Backend {
     if (in.num_seqs == 0) return Status::Ok();
     const MlaDecodeParams p = with_default_strides(in);
     MLADCP_RETURN_IF_ERROR(check_device_layout(p));
-    const cuda_plan::DecodePlan plan = cuda_plan::make_plan(p);
+    DeviceState dev;
+    MLADCP_RETURN_IF_ERROR(current_device_state(&dev));
+    const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
+    const int rows = cuda_plan::rows_per_cta(p.num_heads * p.q_len);
+    const KernelChoice kc = choose_kernel(rows, fp8, dev, force_single_stage_, use_sm90_);
+    if (kc.smem > dev.smem_optin)
+      return Status::Unsupported(detail::cat("num_heads=", p.num_heads, ", q_len=", p.q_len,
+                                             ", kv_dtype=", dtype_name(p.kv_dtype), ": the kernel for ", rows,
+                                             " query rows needs ", kc.smem,
+                                             " bytes of shared memory per block; this device allows ", dev.smem_optin));
+    const cuda_plan::DecodePlan plan = cuda_plan::make_plan(p, wave_ctas(kc, dev));
     if (plan.grid > std::numeric_limits<int32_t>::max() ||
         int64_t(p.num_seqs) * plan.rows_per_seq > std::numeric_limits<int32_t>::max())
       return invalid("num_seqs=", p.num_seqs, ", max_seq_len=", p.max_seq_len, ": ", plan.grid,
@@ -129,19 +181,10 @@ class CudaBackend final : public Backend {
     if (plan.workspace_bytes > 0) {
       if (!ctx.workspace || ctx.workspace_size < plan.workspace_bytes)
         return invalid("workspace: ", ctx.workspace_size, " bytes at ", ctx.workspace, ", but this call needs ",
-                       plan.workspace_bytes, " (workspace_bytes(params))");
+                       plan.workspace_bytes,
+                       " (workspace_bytes(params), split_policy=", split_policy_name(p.split_policy), ")");
       if (!aligned(ctx.workspace, 256)) return invalid("workspace: address must be 256-byte aligned");
     }
-    DeviceState dev;
-    MLADCP_RETURN_IF_ERROR(current_device_state(&dev));
-    const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
-    int stages = 2;
-    if (force_single_stage_ || cuda_impl::decode_smem_bytes(plan.rows_per_cta, fp8, 2) > dev.smem_optin) stages = 1;
-    if (cuda_impl::decode_smem_bytes(plan.rows_per_cta, fp8, stages) > dev.smem_optin)
-      return Status::Unsupported(detail::cat(
-          "num_heads=", p.num_heads, ", q_len=", p.q_len, ", kv_dtype=", dtype_name(p.kv_dtype), ": the kernel for ",
-          plan.rows_per_cta, " query rows needs ", cuda_impl::decode_smem_bytes(plan.rows_per_cta, fp8, stages),
-          " bytes of shared memory per block; this device allows ", dev.smem_optin));
 
     cuda_impl::DecodeKernelParams k;
     k.num_seqs = p.num_seqs;
@@ -153,8 +196,8 @@ class CudaBackend final : public Backend {
     k.row_chunks = plan.row_chunks;
     k.split_len = plan.split_len;
     k.max_splits = plan.max_splits;
-    k.kv_stages = stages;
-    k.sm90 = use_sm90_ && dev.sm90 && !fp8 && plan.rows_per_cta == 64 && stages == 2;
+    k.kv_stages = kc.kv_stages;
+    k.sm90 = kc.sm90;
     k.q = static_cast<const uint16_t*>(p.q);
     k.q_stride_token = p.q_stride_token;
     k.q_stride_head = p.q_stride_head;

@@ -2,9 +2,13 @@
 //
 // Query rows: a sequence has R = num_heads · q_len query rows (row = token · H + head). A CTA takes
 // up to 64 of them (16, 32 or 64: rows_per_cta) against one contiguous range of the sequence's local
-// keys (a split). The split length depends only on rows_per_cta; the number of splits of a sequence
-// depends only on its own local length. Nothing depends on the batch size or on the device, so the
-// result for a sequence is bitwise the same whatever else is in the batch (batch invariance).
+// keys (a split). Two policies choose the split length (MlaDecodeParams::split_policy):
+//  - kBatchInvariant (default): 2048 keys whatever the batch; the number of splits of a sequence
+//    depends only on its own local length. Nothing depends on the batch size or on the device, so the
+//    result for a sequence is bitwise the same whatever else is in the batch (batch invariance).
+//  - kFillDevice: shorter splits (down to 256 keys, a multiple of the 64-key tile) when the batch
+//    shape alone would leave SMs idle, chosen from host-known values only (num_seqs, max_seq_len,
+//    row chunks, the device's resident-CTA count); a batch that already fills the device keeps 2048.
 //
 // Grid: row_chunks × max_splits × num_seqs CTAs, sized on the host from max_seq_len; a CTA whose
 // split lies past its sequence's split count exits at once. A sequence with one split writes `out`
@@ -31,12 +35,32 @@ MLADCP_HD int rows_per_cta(int rows_per_seq) { return rows_per_seq <= 16 ? 16 : 
 // stay long; 2048 keys still give a 4K-context batch of 128 sequences one full wave of 16-row CTAs
 // (two per SM), a single 128K sequence 64 splits, and a DCP shard of 16K keys with 128 gathered heads
 // 16 CTAs (4096 left it 8, the case DCP exists for: few long sequences, all heads).
-MLADCP_HD int split_tokens(int rows_per_cta) { (void)rows_per_cta; return 2048; }
+MLADCP_HD int split_tokens(int rows_per_cta) {
+  (void)rows_per_cta;
+  return 2048;
+}
 
 // Splits of a sequence with `local_keys` keys on this shard: at least 1 (an empty sequence still has
 // one CTA per row chunk, which writes out = 0, lse = -inf).
 MLADCP_HD int num_splits(int64_t local_keys, int split_len) {
   return local_keys <= split_len ? 1 : int((local_keys + split_len - 1) / split_len);
+}
+
+// kFillDevice: the shortest split it takes, in keys (shorter splits cost more in partial states and
+// pipeline start-up than they gain in parallelism).
+inline constexpr int kFillMinSplit = 256;
+
+// kFillDevice split length for `base_ctas` = row_chunks · num_seqs CTAs per split index, sequences of
+// at most `max_local` local keys, on a device that holds `wave_ctas` split CTAs at once: enough
+// splits that the grid is at least one full wave (at most about two, from rounding), each a multiple
+// of the 64-key tile in [kFillMinSplit, the invariant length].
+inline int fill_split_tokens(int64_t max_local, int64_t base_ctas, int64_t wave_ctas, int invariant_len) {
+  if (base_ctas < 1 || wave_ctas <= base_ctas) return invariant_len;
+  const int64_t want_splits = (wave_ctas + base_ctas - 1) / base_ctas;
+  int64_t len = (max_local + want_splits - 1) / want_splits;
+  len = (len + kTileTokens - 1) / kTileTokens * kTileTokens;
+  if (len < kFillMinSplit) len = kFillMinSplit;
+  return len < invariant_len ? int(len) : invariant_len;
 }
 
 struct DecodePlan {
@@ -52,14 +76,18 @@ struct DecodePlan {
 
 inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-// Host-only: the plan of a validated call (default strides applied or not; only shapes are read).
-inline DecodePlan make_plan(const MlaDecodeParams& p) {
+// Host-only: the plan of a validated call (default strides applied or not; only shapes and the
+// policy are read). `wave_ctas`: split CTAs the device runs at once (SMs × resident CTAs per SM),
+// read by kFillDevice only.
+inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas) {
   DecodePlan plan;
   plan.rows_per_seq = p.num_heads * p.q_len;
   plan.rows_per_cta = rows_per_cta(plan.rows_per_seq);
   plan.row_chunks = (plan.rows_per_seq + plan.rows_per_cta - 1) / plan.rows_per_cta;
   plan.split_len = split_tokens(plan.rows_per_cta);
   const int64_t max_local = sharding::local_len(p.max_seq_len, p.shard.world, p.shard.rank, p.shard.interleave);
+  if (p.split_policy == SplitPolicy::kFillDevice)
+    plan.split_len = fill_split_tokens(max_local, int64_t(plan.row_chunks) * p.num_seqs, wave_ctas, plan.split_len);
   plan.max_splits = num_splits(max_local, plan.split_len);
   plan.grid = int64_t(plan.row_chunks) * plan.max_splits * p.num_seqs;
   if (plan.max_splits > 1) {

@@ -45,11 +45,22 @@ __device__ __forceinline__ void store_elem(void* base, DType t, int64_t i, float
   }
 }
 
-// One warp per (token, head). Lane j keeps the weight of state n0 + j of the current group of 32;
-// the sum over states runs in state order, as on the host.
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_kernel(const MergeParams p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t w = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+// Merge and rescale: one row (token, head) per kRowThreads threads, kRowsPerBlock rows per block.
+// Thread i of a row owns columns i, i + 128, i + 256, ... (coalesced), kCols of them per pass, so a
+// 512-wide row is one pass whose loads are all in flight together: at small T the kernel costs about
+// two memory latencies (LSEs, then values) instead of one latency per 32 columns.
+constexpr int kRowThreads = 128;
+constexpr int kRowsPerBlock = 2;
+constexpr int kCols = 4;  // columns per thread per pass
+constexpr int kRowsBlockThreads = kRowThreads * kRowsPerBlock;
+
+// Every thread of a row folds the row's LSEs (the same few floats, served by L1); the sum over
+// states runs in state order for every column, as on the host. The value loads do not depend on the
+// weight (a state of weight 0 contributes exactly 0 through lse::weighted even when it holds NaN), so
+// the loads of several states are issued back to back.
+__global__ void __launch_bounds__(kRowsBlockThreads) merge_kernel(const MergeParams p) {
+  const int tid = threadIdx.x % kRowThreads;
+  const int64_t w = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kRowThreads;
   if (w >= int64_t(p.num_tokens) * p.num_heads) return;
   const int64_t t = w / p.num_heads, h = w - t * p.num_heads;
   const float* lse_row = p.in_lse + t * p.lse_stride_token + h;
@@ -59,37 +70,58 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_kernel(const MergeP
 
   const int64_t in_row = t * p.in_stride_token + h * p.in_stride_head;
   const int64_t out_row = t * p.out_stride_token + h * p.out_stride_head;
-  for (int d0 = 0; d0 < p.head_dim; d0 += 32) {
-    const int d = d0 + lane;
-    float acc = 0.0f;
-    for (int n0 = 0; n0 < p.num_states; n0 += 32) {
-      const float my_w = n0 + lane < p.num_states ? c.weight(lse_row[(n0 + lane) * p.lse_stride_state]) : 0.0f;
-      const int count = min(32, p.num_states - n0);
-      for (int j = 0; j < count; ++j) {
-        const float wn = __shfl_sync(0xffffffffu, my_w, j);
-        if (wn != 0.0f && d < p.head_dim)
-          acc += lse::weighted(wn, load_elem(p.in_out, p.in_dtype, (n0 + j) * p.in_stride_state + in_row + d));
+  for (int d0 = tid; d0 < p.head_dim; d0 += kRowThreads * kCols) {
+    float acc[kCols];
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) acc[k] = 0.0f;
+#pragma unroll 4
+    for (int n = 0; n < p.num_states; ++n) {
+      const float wn = c.weight(lse_row[n * p.lse_stride_state]);
+      const int64_t src = n * p.in_stride_state + in_row;
+      float v[kCols];
+#pragma unroll
+      for (int k = 0; k < kCols; ++k) {
+        const int d = d0 + k * kRowThreads;
+        v[k] = d < p.head_dim ? load_elem(p.in_out, p.in_dtype, src + d) : 0.0f;
       }
+#pragma unroll
+      for (int k = 0; k < kCols; ++k) acc[k] += lse::weighted(wn, v[k]);
     }
-    if (d < p.head_dim) store_elem(p.out, p.out_dtype, out_row + d, acc);
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) {
+      const int d = d0 + k * kRowThreads;
+      if (d < p.head_dim) store_elem(p.out, p.out_dtype, out_row + d, acc[k]);
+    }
   }
-  if (p.out_lse && lane == 0)
+  if (p.out_lse && tid == 0)
     p.out_lse[t * p.out_lse_stride_token + h] = lse::convert(c.merged_lse(), p.in_base, p.out_base);
 }
 
-// One warp per (token, head): out *= b^(lse[rank] - merged), exactly 0 for an empty state.
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) rescale_kernel(const RescaleParams p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t w = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+// out *= b^(lse[rank] - merged), exactly 0 for an empty state; same row layout as the merge (every
+// load of a pass before any store).
+__global__ void __launch_bounds__(kRowsBlockThreads) rescale_kernel(const RescaleParams p) {
+  const int tid = threadIdx.x % kRowThreads;
+  const int64_t w = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kRowThreads;
   const int64_t T = p.num_tokens, H = p.num_heads, D = p.head_dim;
   if (w >= T * H) return;
   lse::Combiner c(p.base);
   for (int n = 0; n < p.world; ++n) c.observe_max(p.all_lse[n * T * H + w]);
   for (int n = 0; n < p.world; ++n) c.accumulate(p.all_lse[n * T * H + w]);
   const float wt = c.weight(p.all_lse[p.rank * T * H + w]);
-  for (int64_t d = lane; d < D; d += 32)
-    store_elem(p.out, p.out_dtype, w * D + d, lse::weighted(wt, load_elem(p.out, p.out_dtype, w * D + d)));
-  if (p.merged_lse && lane == 0) p.merged_lse[w] = c.merged_lse();
+  for (int64_t d0 = tid; d0 < D; d0 += kRowThreads * kCols) {
+    float v[kCols];
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) {
+      const int64_t d = d0 + k * kRowThreads;
+      v[k] = d < D ? load_elem(p.out, p.out_dtype, w * D + d) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) {
+      const int64_t d = d0 + k * kRowThreads;
+      if (d < D) store_elem(p.out, p.out_dtype, w * D + d, lse::weighted(wt, v[k]));
+    }
+  }
+  if (p.merged_lse && tid == 0) p.merged_lse[w] = c.merged_lse();
 }
 
 // One warp per new token: [kv_c | k_pe] → cache slot, converted to the cache dtype. Slots -1 and
@@ -114,20 +146,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) cache_write_kernel(const 
 }
 
 unsigned blocks_for(int64_t warps) { return unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+unsigned row_blocks_for(int64_t rows) { return unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 }  // namespace
 
 Status launch_merge(const MergeParams& p, void* stream) {
   const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
   if (rows == 0) return Status::Ok();
-  merge_kernel<<<blocks_for(rows), kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  merge_kernel<<<row_blocks_for(rows), kRowsBlockThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return cuda_status(cudaGetLastError(), "merge_kernel launch");
 }
 
 Status launch_rescale(const RescaleParams& p, void* stream) {
   const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
   if (rows == 0) return Status::Ok();
-  rescale_kernel<<<blocks_for(rows), kWarpsPerBlock * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  rescale_kernel<<<row_blocks_for(rows), kRowsBlockThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return cuda_status(cudaGetLastError(), "rescale_kernel launch");
 }
 
