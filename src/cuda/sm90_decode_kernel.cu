@@ -5,33 +5,24 @@
 // one (sequence, chunk of 64 query rows, split of local keys); a single-split sequence writes out/lse
 // directly, otherwise the CTA writes the normalized fp32 partial state for mla_decode_combine_kernel.
 //
-// Threads: two warpgroups (256 threads). Warpgroup w
-//   - computes the scores of keys [32w, 32w + 32) of each 64-key tile for all 64 rows:
-//     S_w = Q·K_wᵀ, 36 × wgmma.m64n32k16 (Q and K from shared memory, K-major);
-//   - owns output columns [256w, 256w + 256): O_w = O_w·α + P·V_w, 4 × wgmma.m64n256k16 (P, the full
-//     64 × 64 probability tile, and V, the first 512 dims of the same key tile, from shared memory;
-//     V is read N-major through the transposed-B form, so keys are stored once and serve as K and V).
-// Row maxima are exchanged through shared memory, so both warpgroups use the same running max and
-// compute the same α for a row; row sums stay per warpgroup and are added at the end.
+// Threads: two warpgroups (256 threads) on the "seesaw" schedule described above the kernel: warpgroup
+// w scores every other 64-key tile (S = Q·Kᵀ, 36 × wgmma.m64n64k16, Q and K from shared memory,
+// K-major) and owns output columns [256w, 256w + 256) of both tiles of a pair (O_w = O_w·α + P·V_w,
+// 4 × wgmma.m64n256k16 per tile; P and V from shared memory, V read N-major through the transposed-B
+// form, so keys are stored once and serve as K and V). The running max is handed from one warpgroup
+// to the other through shared memory, so both use the same max for a row; row sums stay per
+// warpgroup and are added at the end.
 //
 // Shared memory (every tile in the 128-byte-swizzle canonical layout, 1024-byte aligned):
 //   q_s  [9 column blocks][64 rows][128 B]   query rows (64 dims per column block), loaded once
-//   kv_s [2 stages][9][64 keys][128 B]        key tiles, double-buffered by cp.async
-//   p_s  [64 rows][128 B]                     bf16 probabilities of the current tile
+//   kv_s [2 stages][9][64 keys][128 B]        key tiles (stage t % 2 holds tile t), by cp.async; once
+//                                             a tile's scores are done, its column block 8 (rope
+//                                             dims) holds its bf16 probabilities P [64 rows][64 keys]
 // Byte (r, chunk c) of a [9][64][128 B] tile: (c / 8) · 8192 + r · 128 + ((c % 8) ^ (r % 8)) · 16.
-//
-// Per tile `it` (stage it % 2):
-//   A  cp.async of tile it complete, proxy fence, barrier; issue S(it) right behind PV(it-1) on the
-//      tensor cores, wait for both
-//   B  mask, base-2 logits, tile row max → shared; barrier: every warpgroup is done with stage
-//      (it+1) % 2 and with p_s, so the cp.async of tile it+1 is issued here
-//   C  running max, α, P = 2^(S - m) → p_s (bf16), O·α; proxy fence; barrier
-//   D  issue PV(it) (left running while the next tile is awaited and its scores are issued)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "core/lse_math.h"
 #include "cuda/decode_kernel.cuh"
@@ -41,23 +32,21 @@ namespace mladcp::cuda_impl {
 namespace {
 
 constexpr int kSm90Rows = 64;
-constexpr int kSm90Tile = 64;                           // keys per tile
-constexpr int kSm90Threads = 256;                       // two warpgroups
-constexpr int kBlockBytes = 64 * 128;                   // one 64-dim column block of a 64-row tile
-constexpr int kSm90TileBytes = 9 * kBlockBytes;         // 73728: 64 rows × 576 bf16
-constexpr int kSm90PBytes = kSm90Rows * kSm90Tile * 2;  // 8192
+constexpr int kSm90Tile = 64;                    // keys per tile
+constexpr int kSm90Threads = 256;                // two warpgroups
+constexpr int kBlockBytes = 64 * 128;            // one 64-dim column block of a 64-row tile
+constexpr int kSm90TileBytes = 9 * kBlockBytes;  // 73728: 64 rows × 576 bf16
 
 // Shared-memory layout (byte offsets).
 struct Sm90Smem {
   static constexpr int q = 0;
   static constexpr int kv = q + kSm90TileBytes;
-  static constexpr int p = kv + 2 * kSm90TileBytes;
-  static constexpr int red = p + kSm90PBytes;      // [2 warpgroups][64 rows] fp32: tile maxima, then sums
-  static constexpr int tok_ok = red + 2 * 64 * 4;  // [2 parities][64 keys]
+  static constexpr int red = kv + 2 * kSm90TileBytes;  // [2][64] fp32: m_a, m_b of a pair; at the end row sums
+  static constexpr int tok_ok = red + 2 * 64 * 4;      // [2 stages][64 keys]: key present
   static constexpr int total = tok_ok + 2 * kSm90Tile;
 };
 static_assert(Sm90Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
-static_assert(Sm90Smem::kv % 1024 == 0 && Sm90Smem::p % 1024 == 0, "128-byte swizzle atoms are 1024-byte aligned");
+static_assert(Sm90Smem::kv % 1024 == 0, "128-byte swizzle atoms are 1024-byte aligned");
 
 __device__ __forceinline__ uint32_t sw128_off(int r, int c) {
   return uint32_t((c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
@@ -89,17 +78,6 @@ template <int N>
 __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void wgmma_qk_m64n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
-      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 __device__ __forceinline__ void wgmma_qk_m64n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
@@ -157,15 +135,6 @@ __device__ __forceinline__ void wgmma_pv_m64n256(float (&d)[128], uint64_t desc_
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// S = Q·K_wᵀ: 36 k-steps of 16 dims (column block kk / 4, 32 bytes into its 128-byte rows).
-__device__ __forceinline__ void issue_scores(float (&s)[16], uint64_t q_desc, uint64_t k_desc) {
-#pragma unroll
-  for (int kk = 0; kk < kQkDim / 16; ++kk) {
-    const uint64_t koff = uint64_t(((kk >> 2) * kBlockBytes + (kk & 3) * 32) >> 4);
-    wgmma_qk_m64n32(s, q_desc + koff, k_desc + koff, kk > 0);
-  }
-}
-
 // O_w += P·V_w: 4 k-steps of 16 keys (P: 32 bytes into its rows; V: key rows 16·ks).
 // accumulate = false: the first k step overwrites O (the first tile).
 __device__ __forceinline__ void issue_output(float (&o)[128], uint64_t p_desc, uint64_t v_desc, bool accumulate) {
@@ -173,282 +142,6 @@ __device__ __forceinline__ void issue_output(float (&o)[128], uint64_t p_desc, u
   for (int ks = 0; ks < kSm90Tile / 16; ++ks)
     wgmma_pv_m64n256(o, p_desc + uint64_t((ks * 32) >> 4), v_desc + uint64_t((ks * 16 * 128) >> 4),
                      ks > 0 || accumulate);
-}
-
-// kEarlyLoads: the schedule of the key loads.
-//   false: tile it+1 is requested once every warpgroup is past PV(it-1) (barrier B of tile it), and PV(it)
-//          is left running into the next tile;
-//   true:  PV(it) is waited for at once, and tile it+2 is requested right after it (barrier D), so
-//          one or two tiles are in flight during every phase, the score phase included.
-template <bool kEarlyLoads>
-__global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_kernel(const DecodeKernelParams p) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  uint8_t* const q_s = smem + Sm90Smem::q;
-  uint8_t* const kv_s = smem + Sm90Smem::kv;
-  uint8_t* const p_s = smem + Sm90Smem::p;
-  float* const red = reinterpret_cast<float*>(smem + Sm90Smem::red);  // [2][64]
-  uint8_t* const tok_ok = smem + Sm90Smem::tok_ok;                    // [2][64]
-
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = tid >> 7;        // warpgroup: key half in the scores, column half in the output
-  const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows 16·wi .. 16·wi + 15
-  int64_t bid = blockIdx.x;
-  const int rc = int(bid % p.row_chunks);
-  bid /= p.row_chunks;
-  const int split = int(bid % p.max_splits);
-  const int seq = int(bid / p.max_splits);
-
-  const int len = clamped_len(p, seq);
-  const int n_max = int(sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave));
-  const int nsplits = cuda_plan::num_splits(n_max, p.split_len);
-  if (split >= nsplits) return;
-  const int k_begin = split * p.split_len;
-  const int k_end = min(k_begin + p.split_len, n_max);
-  const int ntiles = k_end > k_begin ? (k_end - k_begin + kSm90Tile - 1) / kSm90Tile : 0;
-  const int row0 = rc * kSm90Rows;
-
-  // ---- query rows → q_s (rows past the sequence's R rows are zero) ----
-  for (int c = tid; c < kSm90Rows * kRowChunks; c += kSm90Threads) {
-    const int r = c / kRowChunks, ch = c - r * kRowChunks;
-    const int grow = row0 + r;
-    const bool valid = grow < p.rows_per_seq;
-    const uint16_t* src = p.q;
-    if (valid) {
-      const int i = grow / p.num_heads, h = grow - i * p.num_heads;
-      src = p.q + q_elem(p, int64_t(seq) * p.q_len + i, h) + ch * 8;
-    }
-    cp_async_16(smem_addr(q_s + sw128_off(r, ch)), src, valid);
-  }
-  cp_async_commit();
-
-  // ---- key tile loader: 8 threads per key row, 9 chunks of 16 bytes each (chunk ls + 8j lands in
-  // column block j), two row passes of 32 rows. Absent keys are zero-filled.
-  constexpr int kTpr = 8, kPasses = 2, kRowsPerPass = kSm90Threads / kTpr;
-  const int lr = tid / kTpr, ls = tid % kTpr;
-  const int32_t* const bt_row = p.block_table + int64_t(seq) * p.block_table_stride;
-  int32_t blk_next[kPasses];
-  auto fetch_blocks = [&](int tile) {
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int k = k_begin + tile * kSm90Tile + lr + pass * kRowsPerPass;
-      int32_t b = -1;
-      if (tile < ntiles && k < k_end) {
-        const int page = k / p.block_size;
-        if (page < p.max_blocks_per_seq) b = __ldg(bt_row + page);
-      }
-      blk_next[pass] = b;
-    }
-  };
-  auto issue = [&](int tile) {
-    uint8_t* const dst = kv_s + (tile & 1) * kSm90TileBytes;
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int row = lr + pass * kRowsPerPass;
-      const int k = k_begin + tile * kSm90Tile + row;
-      const int32_t b = blk_next[pass];
-      const bool valid = k < k_end && b >= 0 && b < p.num_blocks;
-      const uint8_t* src = p.kv;
-      if (valid) src += (int64_t(b) * p.kv_stride_block + int64_t(k % p.block_size) * p.kv_stride_token) * 2;
-#pragma unroll
-      for (int j = 0; j < 9; ++j)
-        cp_async_16(smem_addr(dst + j * kBlockBytes + row * 128 + ((ls ^ (row & 7)) << 4)), src + (ls + 8 * j) * 16,
-                    valid);
-      if (ls == 0) tok_ok[(tile & 1) * kSm90Tile + row] = valid ? 1 : 0;
-    }
-    cp_async_commit();
-  };
-
-  fetch_blocks(0);
-  if (ntiles > 0) issue(0);
-  fetch_blocks(1);
-  if (kEarlyLoads && ntiles > 1) {
-    issue(1);
-    fetch_blocks(2);
-  }
-
-  // ---- per-thread rows (the wgmma accumulator layout: rows 16·wi + lane/4 and + 8) ----
-  const int rs[2] = {16 * wi + (lane >> 2), 16 * wi + (lane >> 2) + 8};
-  int nrow[2];  // visible local keys of each row (causal rule in global coordinates)
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const int grow = row0 + rs[e];
-    nrow[e] = grow < p.rows_per_seq ? int(sharding::visible_local_keys(len, p.q_len, grow / p.num_heads, p.shard)) : 0;
-  }
-  float m_run[2] = {-INFINITY, -INFINITY};
-  float l_run[2] = {0.0f, 0.0f};  // this warpgroup's keys only
-
-  // Accumulators are first written by the tensor cores (the first tile's products overwrite them):
-  // an ordinary definition of a register that a wgmma in flight may own makes ptxas serialize every
-  // wgmma of the kernel (C7515), and a zero initialization before the loop counts as one.
-  float o[128];
-  float s[16];
-
-  // Descriptors of stage 0; a stage, column block or k step is a constant added to the address field
-  // (shared addresses stay below 2^18, so the 14-bit field never carries).
-  // This warpgroup's keys start at row 32·wg (4096 bytes into each column block); its output
-  // columns at column block 4·wg.
-  const uint64_t q_desc = kmajor_desc(smem_addr(q_s));
-  const uint64_t k_desc0 = kmajor_desc(smem_addr(kv_s) + uint32_t(wg * 32 * 128));
-  const uint64_t v_desc0 = nmajor_desc(smem_addr(kv_s) + uint32_t(wg * 4 * kBlockBytes));
-  const uint64_t p_desc = kmajor_desc(smem_addr(p_s));
-
-  for (int it = 0; it < ntiles; ++it) {
-    const int par = it & 1;
-
-    // ---- A: tile it landed (tile it+1 may still be in flight); scores ----
-    if (kEarlyLoads && it + 1 < ntiles)
-      cp_async_wait_one();
-    else
-      cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();
-    wgmma_fence();
-    fence_regs(s);
-    issue_scores(s, q_desc, k_desc0 + uint64_t(par * (kSm90TileBytes >> 4)));
-    wgmma_commit();
-    // PV(it-1) and S(it) retire in issue order. (Waiting for PV(it-1) alone, wait_group 1, makes
-    // ptxas serialize every wgmma of the kernel, C7514.)
-    wgmma_wait<0>();
-    fence_regs(s);
-    fence_regs(o);
-
-    // ---- B: mask, base-2 logits, tile row maxima ----
-    const int kt = k_begin + it * kSm90Tile;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tt = 32 * wg + 8 * j + 2 * (lane & 3) + (e & 1);
-        const bool ok = tok_ok[par * kSm90Tile + tt] && kt + tt < nrow[e >> 1];
-        const float v = ok ? s[4 * j + e] * p.score_scale_log2 : -INFINITY;
-        s[4 * j + e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-      }
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
-      mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
-    }
-    if ((lane & 3) == 0) {
-      red[wg * 64 + rs[0]] = mx[0];
-      red[wg * 64 + rs[1]] = mx[1];
-    }
-    __syncthreads();  // maxima visible; both warpgroups are done with PV(it-1): stage (it+1) % 2 and p_s are free
-    if (!kEarlyLoads && it + 1 < ntiles) {
-      issue(it + 1);
-      fetch_blocks(it + 2);
-    }
-
-    // ---- C: running max, α, P → p_s, O·α ----
-    float m_use[2], alpha[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float tmax = fmaxf(red[rs[e]], red[64 + rs[e]]);
-      const float m_new = fmaxf(m_run[e], tmax);
-      alpha[e] = m_run[e] == -INFINITY ? 0.0f : exp2f(m_run[e] - m_new);
-      m_use[e] = m_new == -INFINITY ? 0.0f : m_new;
-      l_run[e] *= alpha[e];
-      m_run[e] = m_new;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int tt = 32 * wg + 8 * j + 2 * (lane & 3);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float p0 = exp2f(s[4 * j + 2 * e] - m_use[e]);
-        const float p1 = exp2f(s[4 * j + 2 * e + 1] - m_use[e]);
-        l_run[e] += p0 + p1;
-        const int r = rs[e];
-        *reinterpret_cast<uint32_t*>(p_s + r * 128 + (((tt >> 3) ^ (r & 7)) << 4) + (tt & 7) * 2) = pack_bf16(p0, p1);
-      }
-    }
-    if (it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j + 0] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
-      }
-    }
-    fence_proxy_async();
-    __syncthreads();  // P of both warpgroups visible to the tensor cores
-
-    // ---- D: O_w += P · V_w (4 k-steps of 16 keys; V rows 16·ks.., column blocks 4w..4w+3) ----
-    wgmma_fence();
-    fence_regs(o);
-    issue_output(o, p_desc, v_desc0 + uint64_t(par * (kSm90TileBytes >> 4)), it > 0);
-    wgmma_commit();
-    if constexpr (kEarlyLoads) {
-      wgmma_wait<0>();
-      fence_regs(o);
-      if (it + 2 < ntiles) {
-        __syncthreads();  // (D) both warpgroups are done with stage it % 2: tile it+2 goes there
-        issue(it + 2);
-        fetch_blocks(it + 3);
-      }
-    }
-  }
-  wgmma_wait<0>();
-  fence_regs(o);
-  cp_async_wait_all();  // nothing in flight at exit (also when there was no tile)
-
-  // ---- row sums of both warpgroups ----
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 1);
-    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 2);
-  }
-  __syncthreads();  // every read of the last tile maxima is done
-  if ((lane & 3) == 0) {
-    red[wg * 64 + rs[0]] = l_run[0];
-    red[wg * 64 + rs[1]] = l_run[1];
-  }
-  __syncthreads();
-
-  // ---- write: final output (one split) or the partial state (several) ----
-  const bool direct = nsplits == 1;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int r = rs[hh];
-    const int grow = row0 + r;
-    if (grow >= p.rows_per_seq) continue;
-    const float l = red[r] + red[64 + r];
-    const float m = m_run[hh];
-    const float lse2 = l > 0.0f ? m + log2f(l) : -INFINITY;
-    const float inv = l > 0.0f ? p.out_scale / l : 0.0f;
-    if (ntiles == 0) {  // no tile: O was never written
-#pragma unroll
-      for (int j = 0; j < 32; ++j) o[4 * j + 2 * hh] = o[4 * j + 2 * hh + 1] = 0.0f;
-    }
-    const int i = grow / p.num_heads, h = grow - i * p.num_heads;
-    const int64_t t = int64_t(seq) * p.q_len + i;
-    const int col0 = 256 * wg + 2 * (lane & 3);
-    if (direct) {
-      const int64_t ob = out_elem(p, t, h) + col0;
-      if (p.out_fp32) {
-        float* dst = static_cast<float*>(p.out) + ob;
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
-      } else {
-        uint16_t* dst = static_cast<uint16_t*>(p.out) + ob;
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
-      }
-      if (p.lse && wg == 0 && (lane & 3) == 0)
-        p.lse[lse_elem(p, t, h)] = lse::convert(lse2, LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
-    } else {
-      const int64_t state = (int64_t(seq) * p.max_splits + split) * p.rows_per_seq + grow;
-      float* dst = p.ws_o + state * kLatentDim + col0;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
-      if (wg == 0 && (lane & 3) == 0) p.ws_lse[state] = lse2;
-    }
-  }
 }
 
 // ---- Seesaw schedule: the two warpgroups take alternate 64-key tiles ----
@@ -601,7 +294,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_seesaw_kernel
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.0f, 0.0f};  // this warpgroup's tiles only, at the scale m_run
 
-  // Accumulators are first written by the tensor cores (see mla_decode_sm90_kernel).
+  // Accumulators are first written by the tensor cores (the first tile's products overwrite them):
+  // an ordinary definition of a register that a wgmma in flight may own makes ptxas serialize every
+  // wgmma of the kernel (C7515), and a zero initialization before the loop counts as one.
   float o[128];
   float s[32];
 
@@ -822,22 +517,12 @@ __global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_seesaw_kernel
 size_t sm90_decode_smem_bytes() { return size_t(Sm90Smem::total); }
 
 cudaError_t set_sm90_decode_smem() {
-  cudaError_t e = cudaFuncSetAttribute(mla_decode_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(Sm90Smem::total));
-  if (e != cudaSuccess) return e;
   return cudaFuncSetAttribute(mla_decode_sm90_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(Sm90Smem::total));
 }
 
 cudaError_t launch_sm90_decode(const DecodeKernelParams& p, int64_t grid, cudaStream_t stream) {
-  static const bool seesaw = [] {
-    const char* s = std::getenv("MLADCP_CUDA_SM90_SCHEDULE");
-    return !s || std::atoi(s) != 0;
-  }();
-  if (seesaw)
-    mla_decode_sm90_seesaw_kernel<<<dim3(unsigned(grid)), dim3(kSm90Threads), size_t(Sm90Smem::total), stream>>>(p);
-  else
-    mla_decode_sm90_kernel<true><<<dim3(unsigned(grid)), dim3(kSm90Threads), size_t(Sm90Smem::total), stream>>>(p);
+  mla_decode_sm90_seesaw_kernel<<<dim3(unsigned(grid)), dim3(kSm90Threads), size_t(Sm90Smem::total), stream>>>(p);
   return cudaGetLastError();
 }
 
