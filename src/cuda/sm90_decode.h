@@ -12,7 +12,7 @@
 
 namespace mladcp::cuda_impl {
 
-// Dynamic shared memory of the kernel (bytes; about 224 KiB, always two key stages).
+// Dynamic shared memory of the kernel (bytes; about 217 KiB: the queries and two key stages).
 size_t sm90_decode_smem_bytes();
 
 // Raises the kernel's dynamic shared-memory limit on the current device.
