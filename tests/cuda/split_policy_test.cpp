@@ -57,6 +57,13 @@ TEST(SplitPolicyPlan, FillDeviceSplitsFewLongSequences) {
   EXPECT_EQ(fill.max_splits, 64);
   EXPECT_EQ(fill.grid, 128);
   EXPECT_GE(fill.workspace_bytes, size_t(64) * 128 * (kLatentDim + 1) * 4);
+  // Eight such sequences: 16 CTAs per split index; 8 splits of 2048 are exactly one wave of 128 CTAs,
+  // where 9 shorter splits (144 CTAs) would need a second, nearly empty wave: the invariant length stays.
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(8, 128, 1, 32768, {2, 0, 1}), 132).split_len, 2048);
+  // 128K on two ranks, one sequence: 64 splits of 1024 (one wave) beat 128 of 512 (two waves).
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(1, 128, 1, 131072, {2, 1, 1}), 132).split_len, 1024);
+  // 64 sequences of 4K with 16 heads (16-row CTAs, two per SM): 4 splits of 1024 fill one wave of 264.
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 16, 1, 4096), 264).split_len, 1024);
   // Never below kFillMinSplit, always a multiple of the tile, never above the invariant length.
   for (int len : {1, 100, 300, 1000, 5000, 70000, 1 << 20})
     for (int seqs : {1, 2, 7, 64, 300})
