@@ -17,6 +17,9 @@ struct Case {
   synthetic::Config cfg;
 };
 
+// What gtest prints for a failing parameter: the case name and its shape, not the struct's bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name << " (" << describe(c.cfg) << ")"; }
+
 synthetic::Config config(int heads, int q_len, int block, std::vector<int32_t> lens, uint64_t seed,
                          DType kv = DType::kBF16, DcpShard shard = {}) {
   synthetic::Config c;

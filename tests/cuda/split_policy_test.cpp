@@ -129,6 +129,9 @@ struct Case {
   synthetic::Config cfg;
 };
 
+// What gtest prints for a failing parameter: the case name and its shape, not the struct's bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name << " (" << describe(c.cfg) << ")"; }
+
 std::vector<Case> fill_cases() {
   std::vector<Case> cases;
   uint64_t seed = 700;
