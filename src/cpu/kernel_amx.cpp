@@ -80,20 +80,21 @@ inline void transpose16(__m512i* r) {
   }
 }
 
-// Word indices interleaving two rows: lo = (x[c], y[c]) for c < 16, hi = (x[16 + c], y[16 + c]).
-struct InterleaveIndices {
-  alignas(64) int16_t lo[32];
-  alignas(64) int16_t hi[32];
-  constexpr InterleaveIndices() : lo(), hi() {
-    for (int c = 0; c < 16; ++c) {
-      lo[2 * c] = int16_t(c);
-      lo[2 * c + 1] = int16_t(32 + c);
-      hi[2 * c] = int16_t(16 + c);
-      hi[2 * c + 1] = int16_t(48 + c);
+// V tiles are interleaved with the in-lane unpacks (one instruction each), which leaves the 32 columns
+// of a column pair in the order of the 128-bit lanes: accumulator column 16·b + 4·q + i holds latent
+// column 8·q + 4·b + i (b: tile, q: lane, i < 4). These indices put the columns back in order
+// (value < 16: from the first tile, else from the second).
+struct UnpackOrder {
+  alignas(64) int32_t first[16];
+  alignas(64) int32_t second[16];
+  constexpr UnpackOrder() : first(), second() {
+    for (int j = 0; j < 32; ++j) {
+      const int q = j / 8, b = (j / 4) % 2, i = j % 4;
+      (j < 16 ? first[j] : second[j - 16]) = 16 * b + 4 * q + i;
     }
   }
 };
-constexpr InterleaveIndices kInterleave;
+constexpr UnpackOrder kUnpackOrder;
 
 // One cached fp8 token (576 values) to bf16, exactly: normals rebias the exponent ((mag << 4) +
 // (120 << 7) in bf16 bits), subnormals m · 2^-9 come from an 8-entry table; 0x7f/0xff are NaN.
@@ -112,18 +113,18 @@ inline void fp8_to_bf16(const uint8_t* src, uint16_t* dst) {
 }
 
 // V columns [32·cp, 32·cp + 32) of the tile's keys (rows[j], nullptr = a zero key) in the pair-
-// interleaved B layout, for the column blocks 2·cp and 2·cp + 1 and both key halves:
-// out[(half · 2 + b) · 512 + pair · 32 + 2c + i] = V[half · 32 + 2·pair + i][32·cp + 16·b + c].
+// interleaved B layout, for the column blocks 2·cp and 2·cp + 1 and both key halves, columns in
+// unpack order (see UnpackOrder): out[(half · 2 + b) · 512 + pair · 32 + 2c + i] =
+// V[half · 32 + 2·pair + i][32·cp + 8·(c / 4) + 4·b + c % 4].
 inline void pack_value_columns(const uint16_t* const* rows, int key_pairs, int cp, uint16_t* out) {
-  const __m512i lo = _mm512_load_si512(kInterleave.lo), hi = _mm512_load_si512(kInterleave.hi);
   for (int pair = 0; pair < key_pairs; ++pair) {
     const uint16_t* r0 = rows[2 * pair];
     const uint16_t* r1 = rows[2 * pair + 1];
     const __m512i x0 = r0 ? _mm512_loadu_si512(r0 + cp * 32) : _mm512_setzero_si512();
     const __m512i x1 = r1 ? _mm512_loadu_si512(r1 + cp * 32) : _mm512_setzero_si512();
     uint16_t* base = out + (pair / 16) * 2 * 512 + (pair % 16) * 32;
-    _mm512_store_si512(base, _mm512_permutex2var_epi16(x0, lo, x1));
-    _mm512_store_si512(base + 512, _mm512_permutex2var_epi16(x0, hi, x1));
+    _mm512_store_si512(base, _mm512_unpacklo_epi16(x0, x1));
+    _mm512_store_si512(base + 512, _mm512_unpackhi_epi16(x0, x1));
   }
 }
 
@@ -256,7 +257,7 @@ void run_chunk(const ChunkArgs& a, float* scratch_floats) {
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
-        for (int ds = 0; ds < kDimSteps; ++ds) {
+        for (int ds = kDimSteps - 1; ds >= 0; --ds) {
           _tile_loadd(5, q0 + ds * 256, 64);
           _tile_loadd(7, q1 + ds * 256, 64);
           _tile_loadd(4, kblock[kb] + ds * 32, kstride);
@@ -285,7 +286,7 @@ void run_chunk(const ChunkArgs& a, float* scratch_floats) {
         const bool pair = kb + 1 < key_blocks;
         _tile_zero(0);
         _tile_zero(1);
-        for (int ds = 0; ds < kDimSteps; ds += 2) {
+        for (int ds = kDimSteps - 2; ds >= 0; ds -= 2) {
           _tile_loadd(5, qtb + ds * 256, 64);
           _tile_loadd(2, kblock[kb] + ds * 32, kstride);
           if (pair) _tile_loadd(3, kblock[kb + 1] + ds * 32, kstride);
@@ -401,8 +402,13 @@ void run_chunk(const ChunkArgs& a, float* scratch_floats) {
       continue;
     }
     const __m512 f = _mm512_set1_ps(a.value_scale / l[r]);
-    for (int c = 0; c < kLatentDim; c += 16)
-      _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_load_ps(o + size_t(r) * kLatentDim + c), f));
+    const __m512i first = _mm512_load_si512(kUnpackOrder.first), second = _mm512_load_si512(kUnpackOrder.second);
+    for (int c = 0; c < kLatentDim; c += 32) {
+      const __m512 x = _mm512_load_ps(o + size_t(r) * kLatentDim + c);
+      const __m512 y = _mm512_load_ps(o + size_t(r) * kLatentDim + c + 16);
+      _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_permutex2var_ps(x, first, y), f));
+      _mm512_storeu_ps(out + c + 16, _mm512_mul_ps(_mm512_permutex2var_ps(x, second, y), f));
+    }
     a.lse2[r] = m[r] + std::log2(l[r]);
   }
 }
