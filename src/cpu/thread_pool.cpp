@@ -4,6 +4,12 @@
 
 namespace mladcp::cpu {
 
+// Before blocking on a condition variable, a thread polls the state it waits for this many times,
+// yielding the core between polls (about a millisecond in all). Back-to-back calls (a decode per
+// layer) then find the workers awake, and the caller sees the last worker finish without a futex
+// wake-up in between; a process that is left idle still ends up blocked.
+constexpr int kSpinChecks = 2000;
+
 ThreadPool& ThreadPool::instance() {
   static ThreadPool pool(std::max(1, int(std::thread::hardware_concurrency())));
   return pool;
@@ -31,6 +37,8 @@ void ThreadPool::run_items(int slot) {
 void ThreadPool::worker_loop(int slot) {
   unsigned long seen = 0;
   for (;;) {
+    for (int spin = 0; spin < kSpinChecks && generation_seen_.load(std::memory_order_acquire) == seen; ++spin)
+      std::this_thread::yield();
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -61,11 +69,14 @@ void ThreadPool::parallel_for(int num_items, int max_threads, const std::functio
     active_workers_ = threads - 1;
     running_ = threads - 1;
     ++generation_;
+    generation_seen_.store(generation_, std::memory_order_release);
   }
   wake_.notify_all();
   run_items(0);
+  for (int spin = 0; spin < kSpinChecks && running_.load(std::memory_order_acquire) != 0; ++spin)
+    std::this_thread::yield();
   std::unique_lock<std::mutex> lock(mu_);
-  done_.wait(lock, [&] { return running_ == 0; });
+  done_.wait(lock, [&] { return running_.load(std::memory_order_acquire) == 0; });
   fn_ = nullptr;
 }
 

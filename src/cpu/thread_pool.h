@@ -39,11 +39,12 @@ class ThreadPool {
   std::condition_variable wake_, done_;
   const std::function<void(int, int)>* fn_ = nullptr;
   int num_items_ = 0;
-  int active_workers_ = 0;  // workers taking part in the current job
-  int running_ = 0;         // workers not yet finished with the current job
+  int active_workers_ = 0;       // workers taking part in the current job
+  std::atomic<int> running_{0};  // workers not yet finished with the current job
   unsigned long generation_ = 0;
   bool stop_ = false;
   std::atomic<int> next_{0};
+  std::atomic<unsigned long> generation_seen_{0};  // generation_, readable without the lock
 };
 
 }  // namespace mladcp::cpu
