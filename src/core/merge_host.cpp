@@ -16,37 +16,6 @@ namespace {
 
 bool is_float_dtype(DType t) { return t == DType::kBF16 || t == DType::kFP16 || t == DType::kFP32; }
 
-float load(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::kBF16:
-      return numeric::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kFP16:
-      return numeric::fp16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kFP32:
-      return static_cast<const float*>(base)[i];
-    case DType::kFP8E4M3:
-      return numeric::fp8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
-  }
-  return 0.0f;
-}
-
-void store(void* base, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kBF16:
-      static_cast<uint16_t*>(base)[i] = numeric::float_to_bf16(v);
-      break;
-    case DType::kFP16:
-      static_cast<uint16_t*>(base)[i] = numeric::float_to_fp16(v);
-      break;
-    case DType::kFP32:
-      static_cast<float*>(base)[i] = v;
-      break;
-    case DType::kFP8E4M3:
-      static_cast<uint8_t*>(base)[i] = numeric::float_to_fp8e4m3(v);
-      break;
-  }
-}
-
 }  // namespace
 
 Status validate(const MergeParams& p) {
@@ -105,10 +74,10 @@ Status merge_states_host(const MergeParams& in) {
       for (int n = 0; n < p.num_states; ++n) {
         if (w[n] == 0.0f) continue;
         const int64_t base = n * p.in_stride_state + t * p.in_stride_token + h * p.in_stride_head;
-        for (int64_t d = 0; d < D; ++d) acc[d] += lse::weighted(w[n], load(p.in_out, p.in_dtype, base + d));
+        for (int64_t d = 0; d < D; ++d) acc[d] += lse::weighted(w[n], numeric::load_as_float(p.in_out, p.in_dtype, base + d));
       }
       const int64_t ob = t * p.out_stride_token + h * p.out_stride_head;
-      for (int64_t d = 0; d < D; ++d) store(p.out, p.out_dtype, ob + d, acc[d]);
+      for (int64_t d = 0; d < D; ++d) numeric::store_from_float(p.out, p.out_dtype, ob + d, acc[d]);
       if (p.out_lse) p.out_lse[t * p.out_lse_stride_token + h] = lse::convert(c.merged_lse(), p.in_base, p.out_base);
     }
   }
@@ -126,7 +95,7 @@ Status rescale_states_host(const RescaleParams& p) {
       const float w = c.weight(p.all_lse[(p.rank * T + t) * H + h]);
       const int64_t ob = (t * H + h) * D;
       for (int64_t d = 0; d < D; ++d)
-        store(p.out, p.out_dtype, ob + d, lse::weighted(w, load(p.out, p.out_dtype, ob + d)));
+        numeric::store_from_float(p.out, p.out_dtype, ob + d, lse::weighted(w, numeric::load_as_float(p.out, p.out_dtype, ob + d)));
       if (p.merged_lse) p.merged_lse[t * H + h] = c.merged_lse();
     }
   }

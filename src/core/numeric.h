@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "mladcp/config.h"
+#include "mladcp/dtype.h"
 
 namespace mladcp::numeric {
 
@@ -97,6 +98,39 @@ MLADCP_HD uint8_t float_to_fp8e4m3(float f) {
   uint32_t man = (ua >> 20) & 0x7u;
   if (exp > 15 || (exp == 15 && man == 7)) return uint8_t(sign | 0x7eu);
   return uint8_t(sign | (exp << 3) | man);
+}
+
+// Element i of a buffer of dtype t, widened to fp32 (host and device).
+MLADCP_HD float load_as_float(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kBF16:
+      return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kFP16:
+      return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kFP32:
+      return static_cast<const float*>(base)[i];
+    case DType::kFP8E4M3:
+      return fp8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
+  }
+  return 0.0f;
+}
+
+// Stores v into element i of a buffer of dtype t (rounded to nearest even; fp8 saturates).
+MLADCP_HD void store_from_float(void* base, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = float_to_bf16(v);
+      break;
+    case DType::kFP16:
+      static_cast<uint16_t*>(base)[i] = float_to_fp16(v);
+      break;
+    case DType::kFP32:
+      static_cast<float*>(base)[i] = v;
+      break;
+    case DType::kFP8E4M3:
+      static_cast<uint8_t*>(base)[i] = float_to_fp8e4m3(v);
+      break;
+  }
 }
 
 }  // namespace mladcp::numeric

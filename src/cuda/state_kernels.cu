@@ -14,37 +14,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-__device__ __forceinline__ float load_elem(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::kBF16:
-      return numeric::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kFP16:
-      return numeric::fp16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kFP32:
-      return static_cast<const float*>(base)[i];
-    case DType::kFP8E4M3:
-      return numeric::fp8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
-  }
-  return 0.0f;
-}
-
-__device__ __forceinline__ void store_elem(void* base, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kBF16:
-      static_cast<uint16_t*>(base)[i] = numeric::float_to_bf16(v);
-      break;
-    case DType::kFP16:
-      static_cast<uint16_t*>(base)[i] = numeric::float_to_fp16(v);
-      break;
-    case DType::kFP32:
-      static_cast<float*>(base)[i] = v;
-      break;
-    case DType::kFP8E4M3:
-      static_cast<uint8_t*>(base)[i] = numeric::float_to_fp8e4m3(v);
-      break;
-  }
-}
-
 // Merge and rescale: one row (token, head) per kRowThreads threads, kRowsPerBlock rows per block.
 // Thread i of a row owns columns i, i + 128, i + 256, ... (coalesced), kCols of them per pass, so a
 // 512-wide row is one pass whose loads are all in flight together: at small T the kernel costs about
@@ -82,7 +51,7 @@ __global__ void __launch_bounds__(kRowsBlockThreads) merge_kernel(const MergePar
 #pragma unroll
       for (int k = 0; k < kCols; ++k) {
         const int d = d0 + k * kRowThreads;
-        v[k] = d < p.head_dim ? load_elem(p.in_out, p.in_dtype, src + d) : 0.0f;
+        v[k] = d < p.head_dim ? numeric::load_as_float(p.in_out, p.in_dtype, src + d) : 0.0f;
       }
 #pragma unroll
       for (int k = 0; k < kCols; ++k) acc[k] += lse::weighted(wn, v[k]);
@@ -90,7 +59,7 @@ __global__ void __launch_bounds__(kRowsBlockThreads) merge_kernel(const MergePar
 #pragma unroll
     for (int k = 0; k < kCols; ++k) {
       const int d = d0 + k * kRowThreads;
-      if (d < p.head_dim) store_elem(p.out, p.out_dtype, out_row + d, acc[k]);
+      if (d < p.head_dim) numeric::store_from_float(p.out, p.out_dtype, out_row + d, acc[k]);
     }
   }
   if (p.out_lse && tid == 0)
@@ -113,12 +82,12 @@ __global__ void __launch_bounds__(kRowsBlockThreads) rescale_kernel(const Rescal
 #pragma unroll
     for (int k = 0; k < kCols; ++k) {
       const int64_t d = d0 + k * kRowThreads;
-      v[k] = d < D ? load_elem(p.out, p.out_dtype, w * D + d) : 0.0f;
+      v[k] = d < D ? numeric::load_as_float(p.out, p.out_dtype, w * D + d) : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < kCols; ++k) {
       const int64_t d = d0 + k * kRowThreads;
-      if (d < D) store_elem(p.out, p.out_dtype, w * D + d, lse::weighted(wt, v[k]));
+      if (d < D) numeric::store_from_float(p.out, p.out_dtype, w * D + d, lse::weighted(wt, v[k]));
     }
   }
   if (p.merged_lse && tid == 0) p.merged_lse[w] = c.merged_lse();
@@ -136,8 +105,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) cache_write_kernel(const 
   const int64_t dst = (slot / p.block_size) * p.kv_stride_block + (slot % p.block_size) * p.kv_stride_token;
   const bool fp8 = p.cache_dtype == DType::kFP8E4M3;
   for (int d = lane; d < kQkDim; d += 32) {
-    const float v = d < kLatentDim ? load_elem(p.kv_c, p.src_dtype, i * p.kv_c_stride + d)
-                                   : load_elem(p.k_pe, p.src_dtype, i * p.k_pe_stride + (d - kLatentDim));
+    const float v = d < kLatentDim ? numeric::load_as_float(p.kv_c, p.src_dtype, i * p.kv_c_stride + d)
+                                   : numeric::load_as_float(p.k_pe, p.src_dtype, i * p.k_pe_stride + (d - kLatentDim));
     if (fp8)
       static_cast<uint8_t*>(p.kv_cache)[dst + d] = numeric::float_to_fp8e4m3(v / p.kv_scale);
     else

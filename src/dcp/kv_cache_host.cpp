@@ -61,24 +61,6 @@ Status compute_slot_mapping_host(const SlotMappingParams& p) {
   return Status::Ok();
 }
 
-namespace {
-
-float load_src(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::kBF16:
-      return numeric::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kFP16:
-      return numeric::fp16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kFP32:
-      return static_cast<const float*>(base)[i];
-    case DType::kFP8E4M3:
-      return numeric::fp8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
-  }
-  return 0.0f;
-}
-
-}  // namespace
-
 Status write_kv_cache_host(const CacheWriteParams& p) {
   if (p.num_tokens < 0) return invalid("num_tokens=", p.num_tokens, ": must be >= 0");
   if (p.src_dtype != DType::kBF16 && p.src_dtype != DType::kFP16 && p.src_dtype != DType::kFP32)
@@ -125,8 +107,8 @@ Status write_kv_cache_host(const CacheWriteParams& p) {
     if (slot < 0) continue;
     const int64_t dst = (slot / p.block_size) * st_block + (slot % p.block_size) * st_token;
     for (int d = 0; d < kQkDim; ++d) {
-      const float v = d < kLatentDim ? load_src(p.kv_c, p.src_dtype, i * kv_c_stride + d)
-                                     : load_src(p.k_pe, p.src_dtype, i * k_pe_stride + (d - kLatentDim));
+      const float v = d < kLatentDim ? numeric::load_as_float(p.kv_c, p.src_dtype, i * kv_c_stride + d)
+                                     : numeric::load_as_float(p.k_pe, p.src_dtype, i * k_pe_stride + (d - kLatentDim));
       if (p.cache_dtype == DType::kBF16)
         static_cast<uint16_t*>(p.kv_cache)[dst + d] = numeric::float_to_bf16(v);
       else
