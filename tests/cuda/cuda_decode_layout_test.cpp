@@ -15,21 +15,6 @@
 namespace mladcp::test {
 namespace {
 
-synthetic::Config config(int heads, int q_len, int block, std::vector<int32_t> lens, uint64_t seed,
-                         DType kv = DType::kBF16, DcpShard shard = {}) {
-  synthetic::Config c;
-  c.num_seqs = int(lens.size());
-  c.q_len = q_len;
-  c.num_heads = heads;
-  c.block_size = block;
-  c.seq_lens = std::move(lens);
-  c.kv_dtype = kv;
-  c.kv_scale = kv == DType::kFP8E4M3 ? 0.25f : 1.0f;
-  c.shard = shard;
-  c.seed = seed;
-  return c;
-}
-
 std::vector<uint8_t> bytes_of(GuardedBuffer& b, ::testing::AssertionResult* ok) {
   std::vector<uint8_t> raw;
   *ok = b.download(&raw);
@@ -118,7 +103,7 @@ TEST(CudaDecode, HeadGroupsWithPaddedStrides) {
 // Cache rows and blocks with padding (NaN), a block table with a wider row stride (huge ids in the
 // padding), on an fp8 and a bf16 cache.
 void check_strided_cache(DType kv, uint64_t seed) {
-  const synthetic::Config cfg = config(16, 2, 16, {0, 2, 40, 1500}, seed, kv);
+  const synthetic::Config cfg = config(16, 2, 16, {0, 2, 40, 1500}, seed, kv, {}, 0.25f);
   const synthetic::Problem prob = make_problem(cfg);
   const DecodeBuffers want = expected_decode(prob, LseBase::kE);
   const size_t es = dtype_size(kv);

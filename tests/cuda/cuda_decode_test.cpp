@@ -20,21 +20,6 @@ struct Case {
 // What gtest prints for a failing parameter: the case name and its shape, not the struct's bytes.
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name << " (" << describe(c.cfg) << ")"; }
 
-synthetic::Config config(int heads, int q_len, int block, std::vector<int32_t> lens, uint64_t seed,
-                         DType kv = DType::kBF16, DcpShard shard = {}) {
-  synthetic::Config c;
-  c.num_seqs = int(lens.size());
-  c.q_len = q_len;
-  c.num_heads = heads;
-  c.block_size = block;
-  c.seq_lens = std::move(lens);
-  c.kv_dtype = kv;
-  c.kv_scale = kv == DType::kFP8E4M3 ? 0.5f : 1.0f;
-  c.shard = shard;
-  c.seed = seed;
-  return c;
-}
-
 ::testing::AssertionResult matches_oracle_on_device(Backend& cuda, const synthetic::Config& cfg) {
   const synthetic::Problem prob = make_problem(cfg);
   const DecodeBuffers want = expected_decode(prob, LseBase::kE);

@@ -35,6 +35,22 @@ namespace mladcp::test {
 // each weight carries a relative rounding of 2^-9; over a row the error is at most 2^-9 · max|v| and
 // typically far less. Hence 2^-8 relative plus 2^-8 of the output scale, for fp32 and bf16 outputs
 // alike (bf16 adds one rounding of 2^-9 of the element).
+// A synthetic problem for the GPU tests: `lens` global lengths, fp8 caches scaled by fp8_scale.
+inline synthetic::Config config(int heads, int q_len, int block, std::vector<int32_t> lens, uint64_t seed,
+                                DType kv = DType::kBF16, DcpShard shard = {}, float fp8_scale = 0.5f) {
+  synthetic::Config c;
+  c.num_seqs = int(lens.size());
+  c.q_len = q_len;
+  c.num_heads = heads;
+  c.block_size = block;
+  c.seq_lens = std::move(lens);
+  c.kv_dtype = kv;
+  c.kv_scale = kv == DType::kFP8E4M3 ? fp8_scale : 1.0f;
+  c.shard = shard;
+  c.seed = seed;
+  return c;
+}
+
 inline Tolerance cuda_decode_tolerance() { return {1.0 / 256.0, 1.0 / 256.0, 0.0}; }
 
 // A device buffer of `count` elements with `guard` sentinel elements on each side. data() points

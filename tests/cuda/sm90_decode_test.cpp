@@ -14,20 +14,6 @@
 namespace mladcp::test {
 namespace {
 
-synthetic::Config config(int heads, int q_len, int block, std::vector<int32_t> lens, uint64_t seed,
-                         DcpShard shard = {}) {
-  synthetic::Config c;
-  c.num_seqs = int(lens.size());
-  c.q_len = q_len;
-  c.num_heads = heads;
-  c.block_size = block;
-  c.seq_lens = std::move(lens);
-  c.kv_dtype = DType::kBF16;
-  c.shard = shard;
-  c.seed = seed;
-  return c;
-}
-
 bool device_is_sm90() {
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
@@ -72,15 +58,15 @@ std::unique_ptr<Backend> cuda_backend(bool portable) {
 
 std::vector<synthetic::Config> hopper_shapes() {
   return {
-      config(64, 1, 1, {0, 1, 63, 64, 65, 333}, 201),      // block size 1: every key its own page
-      config(64, 1, 48, {47, 48, 49, 700}, 202),           // block size not a power of two
-      config(80, 1, 64, {5, 130, 1000}, 203),              // two row chunks, the second 16 rows
-      config(4, 16, 64, {16, 17, 80, 600}, 204),           // 64 rows = 16 tokens × 4 heads (causal)
-      config(128, 1, 64, {4096, 4097, 8200, 1, 0}, 205),   // split boundaries, 1-3 splits, empty
-      config(64, 2, 32, {3, 300, 5000}, 206, {2, 1, 1}),   // DCP rank 1 of 2, interleave 1
-      config(32, 4, 64, {4, 200, 4500}, 207, {4, 3, 64}),  // DCP rank 3 of 4, interleave 64
-      config(64, 3, 16, {0, 3, 4, 130}, 208, {4, 0, 2}),   // rows whose local keys are all masked
-      config(128, 1, 64, {128, 192, 2048, 2111}, 209),     // whole tile pairs, an odd last split of one tile
+      config(64, 1, 1, {0, 1, 63, 64, 65, 333}, 201),                    // block size 1: every key its own page
+      config(64, 1, 48, {47, 48, 49, 700}, 202),                         // block size not a power of two
+      config(80, 1, 64, {5, 130, 1000}, 203),                            // two row chunks, the second 16 rows
+      config(4, 16, 64, {16, 17, 80, 600}, 204),                         // 64 rows = 16 tokens × 4 heads (causal)
+      config(128, 1, 64, {4096, 4097, 8200, 1, 0}, 205),                 // split boundaries, 1-3 splits, empty
+      config(64, 2, 32, {3, 300, 5000}, 206, DType::kBF16, {2, 1, 1}),   // DCP rank 1 of 2, interleave 1
+      config(32, 4, 64, {4, 200, 4500}, 207, DType::kBF16, {4, 3, 64}),  // DCP rank 3 of 4, interleave 64
+      config(64, 3, 16, {0, 3, 4, 130}, 208, DType::kBF16, {4, 0, 2}),   // rows whose local keys are all masked
+      config(128, 1, 64, {128, 192, 2048, 2111}, 209),  // whole tile pairs, an odd last split of one tile
   };
 }
 

@@ -14,21 +14,6 @@
 namespace mladcp::test {
 namespace {
 
-synthetic::Config config(int heads, int q_len, int block, std::vector<int32_t> lens, uint64_t seed,
-                         DType kv = DType::kBF16, DcpShard shard = {}) {
-  synthetic::Config c;
-  c.num_seqs = int(lens.size());
-  c.q_len = q_len;
-  c.num_heads = heads;
-  c.block_size = block;
-  c.seq_lens = std::move(lens);
-  c.kv_dtype = kv;
-  c.kv_scale = kv == DType::kFP8E4M3 ? 0.5f : 1.0f;
-  c.shard = shard;
-  c.seed = seed;
-  return c;
-}
-
 MlaDecodeParams plan_params(int seqs, int heads, int q_len, int max_seq_len, DcpShard shard = {}) {
   MlaDecodeParams p;
   p.num_seqs = seqs;
