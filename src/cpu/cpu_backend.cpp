@@ -52,24 +52,8 @@ inline size_t round_up16(size_t n) { return (n + 15) & ~size_t(15); }
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const KernelVariant& kernel, const PlanOptions& plan) : kernel_(kernel), plan_(plan) {
-    caps_.name = "cpu";
-    caps_.description = std::string("host: multi-threaded, ") + isa_name(kernel.isa) +
-                        " kernel, fp32 online softmax, split-KV merged by LSE";
-    caps_.device = Device::kHost;
-    caps_.can_return_lse_for_decode = true;
-    caps_.native_lse_base = LseBase::kE;
-    caps_.lse_base_selectable = true;
-    caps_.q_dtypes = {DType::kBF16};
-    caps_.kv_dtypes = {DType::kBF16, DType::kFP8E4M3};
-    caps_.out_dtypes = {DType::kBF16, DType::kFP32};
-    caps_.block_sizes = {};  // any >= 1
-    caps_.min_heads = 1;
-    caps_.max_heads = kMaxHeads;
-    caps_.min_q_len = 1;
-    caps_.max_q_len = kMaxQLen;
-    caps_.supports_dcp_interleave = true;
-    caps_.cuda_graph_safe = false;
-    caps_.deterministic = true;  // the plan does not depend on the thread count
+    caps_ = host_backend_capabilities("cpu", std::string("host: multi-threaded, ") + isa_name(kernel.isa) +
+                                                 " kernel, fp32 online softmax, split-KV merged by LSE");
   }
 
   const BackendCapabilities& capabilities() const override { return caps_; }

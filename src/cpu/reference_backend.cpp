@@ -83,23 +83,7 @@ void reference_row(const MlaDecodeParams& p, const std::vector<double>& keys, in
 class CpuReferenceBackend final : public Backend {
  public:
   CpuReferenceBackend() {
-    caps_.name = "cpu-reference";
-    caps_.description = "host oracle: naive loops, fp64 accumulation";
-    caps_.device = Device::kHost;
-    caps_.can_return_lse_for_decode = true;
-    caps_.native_lse_base = LseBase::kE;
-    caps_.lse_base_selectable = true;
-    caps_.q_dtypes = {DType::kBF16};
-    caps_.kv_dtypes = {DType::kBF16, DType::kFP8E4M3};
-    caps_.out_dtypes = {DType::kBF16, DType::kFP32};
-    caps_.block_sizes = {};  // any >= 1
-    caps_.min_heads = 1;
-    caps_.max_heads = kMaxHeads;
-    caps_.min_q_len = 1;
-    caps_.max_q_len = kMaxQLen;
-    caps_.supports_dcp_interleave = true;
-    caps_.cuda_graph_safe = false;
-    caps_.deterministic = true;
+    caps_ = host_backend_capabilities("cpu-reference", "host oracle: naive loops, fp64 accumulation");
   }
 
   const BackendCapabilities& capabilities() const override { return caps_; }
