@@ -23,7 +23,7 @@ struct Registry {
     entries.emplace_back("cpu-reference", make_cpu_reference_backend);
     entries.emplace_back("cpu", make_cpu_backend);
 #if MLADCP_HAVE_CUDA
-    entries.emplace_back("cuda", make_cuda_backend);
+    entries.emplace_back("cuda", [] { return make_cuda_backend(); });
 #endif
   }
 };

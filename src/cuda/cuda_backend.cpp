@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -110,16 +109,27 @@ Status check_device_layout(const MlaDecodeParams& p) {
 
 // Which split kernel a call runs and what it costs an SM.
 struct KernelChoice {
+  int rows_per_cta = 16;
   int kv_stages = 2;
   bool sm90 = false;
   size_t smem = 0;  // dynamic shared memory per CTA
 };
 
-KernelChoice choose_kernel(int rows_per_cta, bool fp8, const DeviceState& dev, bool force_single_stage, bool use_sm90) {
+// The Hopper kernel takes every bf16 call whose pages its copies handle (any head count and q_len:
+// rows are packed 64 per CTA); everything else runs the portable kernel with 16, 32 or 64 rows.
+KernelChoice choose_kernel(const MlaDecodeParams& p, const DeviceState& dev, const CudaBackendOptions& opt) {
   KernelChoice k;
-  if (force_single_stage || cuda_impl::decode_smem_bytes(rows_per_cta, fp8, 2) > dev.smem_optin) k.kv_stages = 1;
-  k.sm90 = use_sm90 && dev.sm90 && !fp8 && rows_per_cta == 64 && k.kv_stages == 2;
-  k.smem = k.sm90 ? cuda_impl::sm90_decode_smem_bytes() : cuda_impl::decode_smem_bytes(rows_per_cta, fp8, k.kv_stages);
+  const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
+  k.sm90 = opt.hopper_kernel && !opt.single_stage && dev.sm90 && !fp8 && p.num_blocks >= 1 &&
+           cuda_impl::sm90_decode_block_size_ok(p.block_size);
+  if (k.sm90) {
+    k.rows_per_cta = 64;
+    k.smem = cuda_impl::sm90_decode_smem_bytes();
+    return k;
+  }
+  k.rows_per_cta = cuda_plan::rows_per_cta(p.num_heads * p.q_len);
+  if (opt.single_stage || cuda_impl::decode_smem_bytes(k.rows_per_cta, fp8, 2) > dev.smem_optin) k.kv_stages = 1;
+  k.smem = cuda_impl::decode_smem_bytes(k.rows_per_cta, fp8, k.kv_stages);
   return k;
 }
 
@@ -134,13 +144,7 @@ int64_t wave_ctas(const KernelChoice& k, const DeviceState& dev) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() : caps_(cuda_backend_capabilities()) {
-    // Debugging knob: MLADCP_CUDA_KV_STAGES=1 forces the single-buffered key pipeline (the layout
-    // used on devices with less shared memory) so that it can be tested on any device.
-    if (const char* s = std::getenv("MLADCP_CUDA_KV_STAGES")) force_single_stage_ = std::atoi(s) == 1;
-    // MLADCP_CUDA_SM90=0 keeps the portable kernel on Hopper too (comparisons, debugging).
-    if (const char* s = std::getenv("MLADCP_CUDA_SM90")) use_sm90_ = std::atoi(s) != 0;
-  }
+  explicit CudaBackend(const CudaBackendOptions& options) : caps_(cuda_backend_capabilities()), opt_(options) {}
 
   const BackendCapabilities& capabilities() const override { return caps_; }
 
@@ -148,14 +152,12 @@ class CudaBackend final : public Backend {
     if (p.num_seqs <= 0 || p.num_heads <= 0 || p.q_len <= 0 || p.max_seq_len <= 0 || p.shard.world < 1 ||
         p.shard.interleave < 1)
       return 0;
-    int64_t wave = 0;  // read by kFillDevice only
-    if (p.split_policy == SplitPolicy::kFillDevice) {
-      DeviceState dev;
-      if (!current_device_state(&dev).ok()) return 0;  // decode() reports the device error
-      const int rows = cuda_plan::rows_per_cta(p.num_heads * p.q_len);
-      wave = wave_ctas(choose_kernel(rows, p.kv_dtype == DType::kFP8E4M3, dev, force_single_stage_, use_sm90_), dev);
-    }
-    return cuda_plan::make_plan(p, wave).workspace_bytes;
+    // Only kFillDevice's split length depends on the device (its wave, and the kernel's rows per CTA).
+    if (p.split_policy != SplitPolicy::kFillDevice) return cuda_plan::make_plan(p, 0).workspace_bytes;
+    DeviceState dev;
+    if (!current_device_state(&dev).ok()) return 0;  // decode() reports the device error
+    const KernelChoice kc = choose_kernel(p, dev, opt_);
+    return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta).workspace_bytes;
   }
 
   Status decode(const MlaDecodeParams& in, const ExecContext& ctx) override {
@@ -166,14 +168,14 @@ class CudaBackend final : public Backend {
     DeviceState dev;
     MLADCP_RETURN_IF_ERROR(current_device_state(&dev));
     const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
-    const int rows = cuda_plan::rows_per_cta(p.num_heads * p.q_len);
-    const KernelChoice kc = choose_kernel(rows, fp8, dev, force_single_stage_, use_sm90_);
+    const KernelChoice kc = choose_kernel(p, dev, opt_);
+    const int rows = kc.rows_per_cta;
     if (kc.smem > dev.smem_optin)
       return Status::Unsupported(detail::cat("num_heads=", p.num_heads, ", q_len=", p.q_len,
                                              ", kv_dtype=", dtype_name(p.kv_dtype), ": the kernel for ", rows,
                                              " query rows needs ", kc.smem,
                                              " bytes of shared memory per block; this device allows ", dev.smem_optin));
-    const cuda_plan::DecodePlan plan = cuda_plan::make_plan(p, wave_ctas(kc, dev));
+    const cuda_plan::DecodePlan plan = cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta);
     if (plan.grid > std::numeric_limits<int32_t>::max() ||
         int64_t(p.num_seqs) * plan.rows_per_seq > std::numeric_limits<int32_t>::max())
       return invalid("num_seqs=", p.num_seqs, ", max_seq_len=", p.max_seq_len, ": ", plan.grid,
@@ -254,13 +256,15 @@ class CudaBackend final : public Backend {
 
  private:
   BackendCapabilities caps_;
-  bool force_single_stage_ = false;
-  bool use_sm90_ = true;
+  CudaBackendOptions opt_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(CudaBackendOptions{}); }
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
+}
 
 Status write_kv_cache_cuda(const CacheWriteParams& in, void* stream) {
   CacheWriteParams p = in;

@@ -39,6 +39,10 @@ __device__ __forceinline__ void store4(void* out, bool fp32, int64_t i, float4 v
 // warp order through shared memory: a fixed order, so the result is deterministic.
 __global__ void __launch_bounds__(kCombineWarps * 32) mla_decode_combine_kernel(const DecodeKernelParams p) {
   __shared__ float4 part[kCombineWarps][kLatentDim / 4];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the Hopper split kernel: wait for its partial states.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t w = blockIdx.x;
   const int seq = int(w / p.rows_per_seq);
@@ -135,8 +139,9 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
       e = launch_shape<2>(p, fp8, grid, s);
       break;
     case 64:
-      // Hopper: wgmma kernel (same plan, workspace and combine); the portable kernel elsewhere.
-      e = p.sm90 && !fp8 ? launch_sm90_decode(p, grid, s) : launch_shape<4>(p, fp8, grid, s);
+      // Hopper: the warp-specialized TMA/wgmma kernel (same plan, workspace and combine), chosen by the
+      // backend for bf16 caches whose pages its copies handle; the portable kernel otherwise.
+      e = p.sm90 ? launch_sm90_decode(p, grid, s) : launch_shape<4>(p, fp8, grid, s);
       break;
     default:
       return Status::Internal("rows_per_cta=" + std::to_string(p.rows_per_cta) + ": not 16, 32 or 64");
@@ -144,8 +149,19 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
   MLADCP_RETURN_IF_ERROR(cuda_status(e, "mla_decode_split_kernel launch"));
   if (p.max_splits > 1) {
     const int64_t blocks = int64_t(p.num_seqs) * p.rows_per_seq;
-    mla_decode_combine_kernel<<<dim3(unsigned(blocks)), dim3(kCombineWarps * 32), 0, s>>>(p);
-    MLADCP_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), "mla_decode_combine_kernel launch"));
+    // After the Hopper kernel the combine is a programmatic dependent launch: its CTAs start while the
+    // split kernel's last CTAs write their states, and wait for the whole grid before reading.
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(blocks));
+    cfg.blockDim = dim3(kCombineWarps * 32);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = p.sm90 ? 1 : 0;
+    MLADCP_RETURN_IF_ERROR(
+        cuda_status(cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel, p), "mla_decode_combine_kernel launch"));
   }
   return Status::Ok();
 }

@@ -99,11 +99,12 @@ inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Host-only: the plan of a validated call (default strides applied or not; only shapes and the
 // policy are read). `wave_ctas`: split CTAs the device runs at once (SMs × resident CTAs per SM),
-// read by kFillDevice only.
-inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas) {
+// read by kFillDevice only. `cta_rows`: the kernel's rows per CTA (the Hopper kernel always takes 64,
+// packing 16·q_len rows and leaving the rest empty); 0 = rows_per_cta(H · q_len).
+inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta_rows = 0) {
   DecodePlan plan;
   plan.rows_per_seq = p.num_heads * p.q_len;
-  plan.rows_per_cta = rows_per_cta(plan.rows_per_seq);
+  plan.rows_per_cta = cta_rows > 0 ? cta_rows : rows_per_cta(plan.rows_per_seq);
   plan.row_chunks = (plan.rows_per_seq + plan.rows_per_cta - 1) / plan.rows_per_cta;
   plan.split_len = split_tokens(plan.rows_per_cta);
   const int64_t max_local = sharding::local_len(p.max_seq_len, p.shard.world, p.shard.rank, p.shard.interleave);

@@ -1,28 +1,38 @@
-// Hopper (sm_90a) split kernel of the "cuda" decode for 64 query rows per CTA, bf16 cache: both
-// products on warpgroup tensor-core instructions (wgmma) that read their operands from shared memory.
+// Hopper (sm_90a) split kernel of the "cuda" decode: 64 query rows per CTA (16·q_len .. 64 rows packed,
+// the rest zero), bf16 cache in pages of 16, 32 or a multiple of 64 keys, warp-specialized.
 //
 // Same contract, plan, workspace and combine as the portable kernel (decode_kernel.cuh): one CTA =
 // one (sequence, chunk of 64 query rows, split of local keys); a single-split sequence writes out/lse
-// directly, otherwise the CTA writes the normalized fp32 partial state for mla_decode_combine_kernel.
+// directly, otherwise the CTA writes the normalized fp32 partial state for the combine kernel.
 //
-// Threads: two warpgroups (256 threads) on the "seesaw" schedule described above the kernel: warpgroup
-// w scores every other 64-key tile (S = Q·Kᵀ, 36 × wgmma.m64n64k16, Q and K from shared memory,
-// K-major) and owns output columns [256w, 256w + 256) of both tiles of a pair (O_w = O_w·α + P·V_w,
-// 4 × wgmma.m64n256k16 per tile; P and V from shared memory, V read N-major through the transposed-B
-// form, so keys are stored once and serve as K and V). The running max is handed from one warpgroup
-// to the other through shared memory, so both use the same max for a row; row sums stay per
-// warpgroup and are added at the end.
+// Threads: three warpgroups (384).
+//   warpgroup 2, the producer: one thread reads the block table and issues bulk tensor copies (TMA) of
+//     64-key × 64-dim sub-tiles into a two-stage ring; `setmaxnreg` gives its registers to the others.
+//   warpgroups 0 and 1, the consumers, on the seesaw schedule (below): warpgroup w scores the tiles of
+//     stage w (S = Q·Kᵀ, 36 × wgmma.m64n64k16 from shared memory) and owns output columns
+//     [256w, 256w + 256) of every tile (O_w = O_w·α + P·V_w, 4 × wgmma.m64n256k16 per tile; its own
+//     probabilities from registers, the other warpgroup's from shared memory, V read N-major from the
+//     key tile, so keys are stored once and serve as K and V).
 //
 // Shared memory (every tile in the 128-byte-swizzle canonical layout, 1024-byte aligned):
-//   q_s  [9 column blocks][64 rows][128 B]   query rows (64 dims per column block), loaded once
-//   kv_s [2 stages][9][64 keys][128 B]        key tiles (stage t % 2 holds tile t), by cp.async; once
-//                                             a tile's scores are done, its column block 8 (rope
-//                                             dims) holds its bf16 probabilities P [64 rows][64 keys]
-// Byte (r, chunk c) of a [9][64][128 B] tile: (c / 8) · 8192 + r · 128 + ((c % 8) ^ (r % 8)) · 16.
+//   q_s  [9 column blocks][64 rows][128 B]  query rows (64 dims per column block), loaded once
+//   kv_s [2 stages][9][64 keys][128 B]       the ring: stage t % 2 holds tile t; once a tile's scores are
+//                                            done, its column block 8 (rope dims, read only by the
+//                                            scores) holds the bf16 probabilities the other warpgroup
+//                                            multiplies
+//   red  [4][64] fp32                        m_a, m_b of the current pair; row sums at the end
+//   ok   [2 stages][64] u8                   key present (written by the producer with the tile)
+//   full[2][9], empty[2][2] mbarriers        sub-tile landed; stage half (column blocks 0-3 / 4-8)
+//                                            released by both consumers
+// Byte (r, chunk c) of a [9][64][128 B] tile: (c / 8) · 8192 + r · 128 + ((c % 8) ^ (r % 8)) · 16, the
+// layout the copy engine writes with CU_TENSOR_MAP_SWIZZLE_128B.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 
 #include "core/lse_math.h"
 #include "cuda/decode_kernel.cuh"
@@ -31,38 +41,38 @@
 namespace mladcp::cuda_impl {
 namespace {
 
-constexpr int kSm90Rows = 64;
-constexpr int kSm90Tile = 64;                    // keys per tile
-constexpr int kSm90Threads = 256;                // two warpgroups
-constexpr int kBlockBytes = 64 * 128;            // one 64-dim column block of a 64-row tile
-constexpr int kSm90TileBytes = 9 * kBlockBytes;  // 73728: 64 rows × 576 bf16
+constexpr int kRows = 64;
+constexpr int kTile = 64;                    // keys per tile
+constexpr int kSubTiles = 9;                 // 64-dim column blocks of a tile
+constexpr int kConsumerThreads = 256;        // two consumer warpgroups
+constexpr int kThreads = 384;                // + the producer warpgroup
+constexpr int kBlockBytes = 64 * 128;        // one 64-dim column block of a 64-row tile
+constexpr int kTileBytes = 9 * kBlockBytes;  // 73728: 64 rows × 576 bf16
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
 // Shared-memory layout (byte offsets).
-struct Sm90Smem {
+struct Smem {
   static constexpr int q = 0;
-  static constexpr int kv = q + kSm90TileBytes;
-  static constexpr int red = kv + 2 * kSm90TileBytes;  // [2][64] fp32: m_a, m_b of a pair; at the end row sums
-  static constexpr int tok_ok = red + 2 * 64 * 4;      // [2 stages][64 keys]: key present
-  static constexpr int total = tok_ok + 2 * kSm90Tile;
+  static constexpr int kv = q + kTileBytes;
+  static constexpr int red = kv + 2 * kTileBytes;
+  static constexpr int ok = red + 4 * 64 * 4;
+  static constexpr int full = ok + 2 * kTile;           // [2][9] u64
+  static constexpr int empty = full + 2 * kSubTiles * 8;  // [2][2] u64
+  static constexpr int total = empty + 4 * 8;
 };
-static_assert(Sm90Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
-static_assert(Sm90Smem::kv % 1024 == 0, "128-byte swizzle atoms are 1024-byte aligned");
+static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
+static_assert(Smem::kv % 1024 == 0 && Smem::full % 8 == 0, "alignment of the swizzled tiles and the barriers");
 
-__device__ __forceinline__ uint32_t sw128_off(int r, int c) {
-  return uint32_t((c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
+// ---- PTX wrappers ----
 
-// wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
-// offsets (all in 16-byte units), layout type 1 in bits 62-63.
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(sbo_bytes >> 4) << 32) |
          (uint64_t(1) << 62);
 }
-// K-major operand (rows of 64 contiguous k values per column block): 8-row groups 1024 bytes apart;
-// the leading offset is unused when one instruction's k extent (16) lies inside the 128-byte row.
+// K-major operand (64 contiguous k values per 128-byte row of a column block): 8-row groups 1024 bytes apart.
 __device__ __forceinline__ uint64_t kmajor_desc(uint32_t addr) { return sw128_desc(addr, 16, 1024); }
-// N-major B operand (V: 64 contiguous output dims per column block, one key per 128-byte row):
-// column blocks (64 dims) kBlockBytes apart (leading), 8-key groups 1024 bytes apart (stride).
+// N-major B operand (V: 64 contiguous output dims per column block, one key per 128-byte row): column
+// blocks kBlockBytes apart (leading), 8-key groups 1024 bytes apart (stride).
 __device__ __forceinline__ uint64_t nmajor_desc(uint32_t addr) { return sw128_desc(addr, kBlockBytes, 1024); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -71,13 +81,55 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// Generic-proxy shared-memory writes (cp.async, st.shared) visible to the async proxy (wgmma).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Keeps the compiler from moving accesses of accumulator registers across a wgmma issue or wait.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// One box of the paged cache (64 dims × rows keys of one page) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int dim, int row,
+                                            int block, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(dim), "r"(row), "r"(block), "r"(bar), "l"(policy)
+      : "memory");
 }
 
 __device__ __forceinline__ void wgmma_qk_m64n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
@@ -94,94 +146,88 @@ __device__ __forceinline__ void wgmma_qk_m64n64(float (&d)[32], uint64_t desc_a,
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// Named barriers (ids 1..15; 0 is __syncthreads). A producer warpgroup arrives, a consumer warpgroup waits
-// (256 threads in all), or one warpgroup synchronizes its own 128 threads.
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+#define MLADCP_O128                                                                                                   \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),         \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),          \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),         \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),         \
+      "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),         \
+      "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),         \
+      "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),         \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),         \
+      "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),         \
+      "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),         \
+      "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),         \
+      "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),         \
+      "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),    \
+      "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), \
+      "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), \
+      "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define MLADCP_O128_REGS                                                                       \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                     \
+  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                           \
+  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                           \
+  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"                           \
+  "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"                           \
+  "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"                           \
+  "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"               \
+  "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
 
-__device__ __forceinline__ void wgmma_pv_m64n256(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
-        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
-        "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),
-        "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),
-        "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
-        "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
-        "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
-        "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
-        "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+// O (64 × 256) += P·V over 16 keys; P from shared memory (K-major descriptor), V N-major.
+__device__ __forceinline__ void wgmma_pv_ss(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MLADCP_O128_REGS
+               "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+               : MLADCP_O128
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
-
-// O_w += P·V_w: 4 k-steps of 16 keys (P: 32 bytes into its rows; V: key rows 16·ks).
-// accumulate = false: the first k step overwrites O (the first tile).
-__device__ __forceinline__ void issue_output(float (&o)[128], uint64_t p_desc, uint64_t v_desc, bool accumulate) {
-#pragma unroll
-  for (int ks = 0; ks < kSm90Tile / 16; ++ks)
-    wgmma_pv_m64n256(o, p_desc + uint64_t((ks * 32) >> 4), v_desc + uint64_t((ks * 16 * 128) >> 4),
-                     ks > 0 || accumulate);
+// O (64 × 256) += P·V over 16 keys; P from registers (the A fragment of the m64k16 shape).
+__device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint64_t desc_b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MLADCP_O128_REGS
+               "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+               : MLADCP_O128
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(accumulate));
 }
+#undef MLADCP_O128
+#undef MLADCP_O128_REGS
 
-// ---- Seesaw schedule: the two warpgroups take alternate 64-key tiles ----
-//
-// Tiles come in pairs (a = 2i in stage 0, b = 2i + 1 in stage 1). Warpgroup 0 computes the scores of
-// tile a (S_a = Q·K_aᵀ, 36 × wgmma.m64n64k16, all 64 keys of every row in one warpgroup, so the row
-// maxima need only warp shuffles), warpgroup 1 those of tile b. Warpgroup w still owns output columns
-// [256w, 256w + 256) and multiplies both tiles' probabilities into them. Per pair:
-//
-//   WG0: S_a | softmax a (m_a = max(m, rowmax S_a)), P_a → smem | O_L += P_a·V_a ... | O_L·2^(m_a-m_b) | O_L += P_b·V_b
-//   WG1: S_b | ........ waits for m_a, softmax b (m_b = max(m_a, rowmax S_b)) → smem | O_R·2^(m-m_a) | O_R += P_a·V_a
-//                                                                         | O_R·2^(m_a-m_b) | O_R += P_b·V_b
-//
-// so warpgroup 0's P_a·V_a runs on the tensor cores while warpgroup 1 does its softmax, and the two
-// warpgroups drift apart by about a softmax (the seesaw). A tile's probabilities are written over its
-// rope column block (dims 512..575, used only by the scores), so no separate P buffer is needed.
-// Synchronization is by named barriers between the warpgroups (no CTA-wide barrier in the loop):
-//   kBarPa / kBarPb        P_a, m_a (WG0 → WG1) and P_b, m_b (WG1 → WG0) written
-//   kBarFree0 / kBarFree1  WG0 is done with stage 0 / WG1 with stage 1 (its P·V retired)
-//   kBarLoaded0 / 1        the next tile of stage 0 / 1 has landed (loader → the warpgroup scoring it)
-//   kBarOwn + w            warpgroup w's own P visible to its own wgmma
-// Whoever frees a stage last refills it: warpgroup 1 loads the next tile a (as soon as P_a·V_a retired
-// on both sides, in the middle of the pair), warpgroup 0 the next tile b; each waits for its own
-// cp.async groups and arrives on the consumer's "loaded" barrier.
-constexpr int kBarLoaded0 = 1, kBarLoaded1 = 2, kBarPa = 3, kBarPb = 4, kBarFree0 = 5, kBarFree1 = 6, kBarOwn = 7;
-constexpr int kPairThreads = kSm90Threads;  // a producer warpgroup arrives, a consumer warpgroup waits
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity);
 
-// S = Q·Kᵀ over the 64 keys of a stage.
-__device__ __forceinline__ void issue_scores64(float (&s)[32], uint64_t q_desc, uint64_t k_desc) {
+// S = Q·Kᵀ over the 64 keys of a stage (36 k-steps of 16 dims; the first overwrites S), once the
+// stage's 9 copies (`full`, phase parity `parity`) have landed. All waits come before the first
+// issue: an mbarrier wait loop between two wgmma issues makes ptxas serialize every wgmma of the
+// kernel (checked in the SASS: one WARPGROUP.DEPBAR after each HGMMA).
+__device__ __forceinline__ void issue_scores(float (&s)[32], uint64_t q_desc, uint64_t k_desc, uint32_t full,
+                                             uint32_t parity) {
+  for (int c = 0; c < kSubTiles; ++c) mbar_wait(full + 8 * c, parity);
+  wgmma_fence();
+  fence_regs(s);
 #pragma unroll
   for (int kk = 0; kk < kQkDim / 16; ++kk) {
     const uint64_t koff = uint64_t(((kk >> 2) * kBlockBytes + (kk & 3) * 32) >> 4);
     wgmma_qk_m64n64(s, q_desc + koff, k_desc + koff, kk > 0);
   }
 }
+// O += P·V with P in registers (p[4·ks .. 4·ks + 3]: keys 16·ks .. 16·ks + 15).
+__device__ __forceinline__ void issue_pv_regs(float (&o)[128], const uint32_t (&p)[16], uint64_t v_desc,
+                                              bool accumulate) {
+#pragma unroll
+  for (int ks = 0; ks < kTile / 16; ++ks)
+    wgmma_pv_rs(o, p[4 * ks], p[4 * ks + 1], p[4 * ks + 2], p[4 * ks + 3], v_desc + uint64_t((ks * 16 * 128) >> 4),
+                ks > 0 || accumulate);
+}
+// O += P·V with P in shared memory.
+__device__ __forceinline__ void issue_pv_smem(float (&o)[128], uint64_t p_desc, uint64_t v_desc) {
+#pragma unroll
+  for (int ks = 0; ks < kTile / 16; ++ks)
+    wgmma_pv_ss(o, p_desc + uint64_t((ks * 32) >> 4), v_desc + uint64_t((ks * 16 * 128) >> 4), 1);
+}
 
 __device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
   return m_from == -INFINITY ? 1.0f : exp2f(m_from - m_to);
 }
-
 // o (a warpgroup's 64 × 256 accumulator) ·= α of its rows, skipped when no row of the warp moved.
 __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alpha)[2]) {
   if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
@@ -195,296 +241,427 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alph
   }
 }
 
-__global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_seesaw_kernel(const DecodeKernelParams p) {
+// Named barriers (0 is __syncthreads). Producer warpgroup arrives, consumer warpgroup syncs (256 threads),
+// or one warpgroup / both consumers among themselves.
+constexpr int kBarMa = 1, kBarMb = 2, kBarPa = 3, kBarPb = 4, kBarOwn = 5 /* + wg */, kBarConsumers = 7;
+
+// Everything a consumer warpgroup needs about its CTA.
+struct CtaWork {
+  int seq, split, row0, len, k_begin, k_end, ntiles, npairs, nsplits;
+};
+
+// Per-thread consumer state: rows (the wgmma accumulator layout: rows 16·warp + lane/4 and + 8).
+struct RowState {
+  int rs[2];
+  int nvis[2];  // visible local keys of each row (causal rule in global coordinates)
+  float m[2];   // running max (base-2 logits)
+  float l[2];   // this warpgroup's tiles' sum of probabilities at scale m
+};
+
+// Mask the scores of tile `tile` (stage `stage`) into base-2 logits; returns the row maxima of the tile.
+__device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2], const uint8_t* ok, int kt,
+                                            const RowState& st, float scale, int lane) {
+  mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int tt = 8 * j + 2 * (lane & 3) + (e & 1);
+      const bool valid = ok[tt] && kt + tt < st.nvis[e >> 1];
+      const float v = valid ? s[4 * j + e] * scale : -INFINITY;
+      s[4 * j + e] = v;
+      mx[e >> 1] = fmaxf(mx[e >> 1], v);
+    }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
+    mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
+  }
+}
+
+// s ← 2^(s − m) (fp32, kept), row sums added to l, bf16 A fragments into p.
+__device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&p)[16], const float (&m)[2], float (&l)[2]) {
+  float m_use[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) m_use[e] = m[e] == -INFINITY ? 0.0f : m[e];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[4 * j + e] = exp2f(s[4 * j + e] - m_use[e >> 1]);
+      l[e >> 1] += s[4 * j + e];
+    }
+  // A fragment of k-step ks: (row, keys 16ks + 2t..), (row + 8, same), (row, keys 16ks + 8 + 2t..), (row + 8, same)
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    p[4 * ks + 0] = pack_bf16(s[8 * ks + 0], s[8 * ks + 1]);
+    p[4 * ks + 1] = pack_bf16(s[8 * ks + 2], s[8 * ks + 3]);
+    p[4 * ks + 2] = pack_bf16(s[8 * ks + 4], s[8 * ks + 5]);
+    p[4 * ks + 3] = pack_bf16(s[8 * ks + 6], s[8 * ks + 7]);
+  }
+}
+
+// P·scale (bf16) → a [64 rows][64 keys] K-major swizzled tile (the rope column block of a stage).
+__device__ __forceinline__ void store_p(uint8_t* dst, const float (&s)[32], const float (&scale)[2],
+                                        const RowState& st, int lane) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int tt = 8 * j + 2 * (lane & 3);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = st.rs[e];
+      *reinterpret_cast<uint32_t*>(dst + r * 128 + (((tt >> 3) ^ (r & 7)) << 4) + (tt & 7) * 2) =
+          pack_bf16(s[4 * j + 2 * e] * scale[e], s[4 * j + 2 * e + 1] * scale[e]);
+    }
+  }
+}
+
+// The tile that holds the end of the split's keys may carry unused (possibly NaN) cache rows from a
+// valid page past the sequence: zero rows [valid, 64) of column blocks [c0, c0 + 4) of the stage
+// before multiplying them (scores of those keys are masked already). One warpgroup, its own half.
+__device__ __forceinline__ void zero_tail_rows(uint8_t* stage, int valid, int c0, int wg, int tid_in_wg) {
+  for (int i = tid_in_wg; i < (kTile - valid) * 4 * 8; i += 128) {
+    const int r = valid + i / 32, c = c0 + (i / 8) % 4, ch = i % 8;
+    *reinterpret_cast<uint4*>(stage + c * kBlockBytes + r * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async();
+  named_bar_sync(kBarOwn + wg, 128);
+}
+
+__device__ __forceinline__ uint32_t bar_addr(uint32_t base, int i) { return base + uint32_t(8 * i); }
+
+// ---- the producer: one thread ----
+__device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUtensorMap* map, const CtaWork& w,
+                                        uint8_t* smem) {
+  const uint32_t kv = smem_addr(smem + Smem::kv);
+  const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
+  uint8_t* const ok = smem + Smem::ok;
+  const int32_t* const bt_row = p.block_table + int64_t(w.seq) * p.block_table_stride;
+  const int rows = p.block_size < kTile ? p.block_size : kTile;  // keys per copy
+  const int copies = kTile / rows;                                 // 1, 2 or 4
+  uint64_t policy;  // keys are read by the row chunks of one split only: evict them first
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  for (int t = 0; t < 2 * w.npairs; ++t) {
+    const int s = t & 1, use = t >> 1;
+    const int kt = w.k_begin + t * kTile;
+    int blk[4], row[4];
+    uint32_t okw[16];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      blk[c] = -1;
+      row[c] = 0;
+      if (c >= copies) continue;
+      const int k = kt + c * rows;
+      const int page = k / p.block_size;
+      row[c] = k - page * p.block_size;
+      if (k < w.k_end && page < p.max_blocks_per_seq) {
+        const int32_t b = __ldg(bt_row + page);
+        if (b >= 0 && b < p.num_blocks) blk[c] = b;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      uint32_t v = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int key = 4 * i + b;
+        v |= uint32_t(blk[key / rows] >= 0 && kt + key < w.k_end) << (8 * b);
+      }
+      okw[i] = v;
+    }
+    // A block id of -1 is out of the tensor map's range: the copy engine fills zeros (and counts the bytes).
+    if (use > 0) mbar_wait(bar_addr(empty, 2 * s), uint32_t(use - 1) & 1);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) reinterpret_cast<uint32_t*>(ok + s * kTile)[i] = okw[i];
+    const uint32_t stage = kv + uint32_t(s * kTileBytes);
+#pragma unroll 1
+    for (int c = 0; c < kSubTiles; ++c) {
+      if (c == 4 && use > 0) mbar_wait(bar_addr(empty, 2 * s + 1), uint32_t(use - 1) & 1);
+      const uint32_t bar = bar_addr(full, s * kSubTiles + c);
+      mbar_arrive_expect_tx(bar, kBlockBytes);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        if (q < copies)
+          tma_load_3d(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, row[q], blk[q], policy);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_sm90_kernel(const DecodeKernelParams p, const __grid_constant__ CUtensorMap kv_map) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  uint8_t* const q_s = smem + Sm90Smem::q;
-  uint8_t* const kv_s = smem + Sm90Smem::kv;
-  float* const red = reinterpret_cast<float*>(smem + Sm90Smem::red);  // [2][64]: m_a, m_b; at the end row sums
-  uint8_t* const tok_ok = smem + Sm90Smem::tok_ok;                    // [2 stages][64 keys]
-
   const int tid = threadIdx.x, lane = tid & 31;
-  const int wg = tid >> 7;        // warpgroup: scores of the tiles of stage wg, output columns [256wg, +256)
-  const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows 16·wi .. 16·wi + 15
-  int64_t bid = blockIdx.x;
-  const int rc = int(bid % p.row_chunks);
-  bid /= p.row_chunks;
-  const int split = int(bid % p.max_splits);
-  const int seq = int(bid / p.max_splits);
+  const int wg = tid >> 7;
 
-  const int len = clamped_len(p, seq);
-  const int n_max = int(sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave));
-  const int nsplits = cuda_plan::num_splits(n_max, p.split_len);
-  if (split >= nsplits) return;
-  const int k_begin = split * p.split_len;
-  const int k_end = min(k_begin + p.split_len, n_max);
-  const int ntiles = k_end > k_begin ? (k_end - k_begin + kSm90Tile - 1) / kSm90Tile : 0;
-  const int npairs = (ntiles + 1) / 2;  // an odd count ends on an absent (zero-filled, masked) tile b
-  const int row0 = rc * kSm90Rows;
+  CtaWork w;
+  {
+    int64_t bid = blockIdx.x;
+    const int rc = int(bid % p.row_chunks);
+    bid /= p.row_chunks;
+    w.split = int(bid % p.max_splits);
+    w.seq = int(bid / p.max_splits);
+    w.row0 = rc * kRows;
+    w.len = clamped_len(p, w.seq);
+    const int n_max = int(sharding::local_len(w.len, p.shard.world, p.shard.rank, p.shard.interleave));
+    w.nsplits = cuda_plan::num_splits(n_max, p.split_len);
+    w.k_begin = w.split * p.split_len;
+    w.k_end = min(w.k_begin + p.split_len, n_max);
+    w.ntiles = w.k_end > w.k_begin ? (w.k_end - w.k_begin + kTile - 1) / kTile : 0;
+    w.npairs = (w.ntiles + 1) / 2;  // an odd count ends on an absent (zero-filled, masked) tile b
+  }
+  if (w.split >= w.nsplits) return;
+
+  const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
+  if (tid == 0) {
+    for (int i = 0; i < 2 * kSubTiles; ++i) mbar_init(bar_addr(full, i), 1);
+    for (int i = 0; i < 4; ++i) mbar_init(bar_addr(empty, i), 8);  // one arrival per consumer warp
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (tid == 2 * 128) produce(p, &kv_map, w, smem);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+
+  uint8_t* const q_s = smem + Smem::q;
+  uint8_t* const kv_s = smem + Smem::kv;
+  float* const red = reinterpret_cast<float*>(smem + Smem::red);  // [4][64]: m_a, m_b, l of WG0, l of WG1
+  const uint8_t* const ok = smem + Smem::ok;
+  const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows 16·wi .. 16·wi + 15
+  const int tid_in_wg = tid & 127;
 
   // ---- query rows → q_s (rows past the sequence's R rows are zero) ----
-  for (int c = tid; c < kSm90Rows * kRowChunks; c += kSm90Threads) {
+  for (int c = tid; c < kRows * kRowChunks; c += kConsumerThreads) {
     const int r = c / kRowChunks, ch = c - r * kRowChunks;
-    const int grow = row0 + r;
+    const int grow = w.row0 + r;
     const bool valid = grow < p.rows_per_seq;
     const uint16_t* src = p.q;
     if (valid) {
       const int i = grow / p.num_heads, h = grow - i * p.num_heads;
-      src = p.q + q_elem(p, int64_t(seq) * p.q_len + i, h) + ch * 8;
+      src = p.q + q_elem(p, int64_t(w.seq) * p.q_len + i, h) + ch * 8;
     }
-    cp_async_16(smem_addr(q_s + sw128_off(r, ch)), src, valid);
+    const int cb = ch >> 3, cc = ch & 7;
+    cp_async_16(smem_addr(q_s + cb * kBlockBytes + r * 128 + ((cc ^ (r & 7)) << 4)), src, valid);
   }
   cp_async_commit();
-
-  // ---- key tile loader of one warpgroup: 8 threads per key row, 9 chunks of 16 bytes each (chunk
-  // ls + 8j lands in column block j), four row passes of 16 rows. Tile t goes to stage t % 2; absent
-  // keys (and every key of a tile past the split) are zero-filled.
-  constexpr int kTpr = 8, kPasses = 4, kRowsPerPass = 128 / kTpr;
-  const int lt = tid & 127, lr = lt / kTpr, ls = lt % kTpr;
-  const int32_t* const bt_row = p.block_table + int64_t(seq) * p.block_table_stride;
-  int32_t blk_next[kPasses];
-  auto fetch_blocks = [&](int tile) {
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int k = k_begin + tile * kSm90Tile + lr + pass * kRowsPerPass;
-      int32_t b = -1;
-      if (tile < ntiles && k < k_end) {
-        const int page = k / p.block_size;
-        if (page < p.max_blocks_per_seq) b = __ldg(bt_row + page);
-      }
-      blk_next[pass] = b;
-    }
-  };
-  auto issue = [&](int tile) {
-    uint8_t* const dst = kv_s + (tile & 1) * kSm90TileBytes;
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int row = lr + pass * kRowsPerPass;
-      const int k = k_begin + tile * kSm90Tile + row;
-      const int32_t b = blk_next[pass];
-      const bool valid = tile < ntiles && k < k_end && b >= 0 && b < p.num_blocks;
-      const uint8_t* src = p.kv;
-      if (valid) src += (int64_t(b) * p.kv_stride_block + int64_t(k % p.block_size) * p.kv_stride_token) * 2;
-#pragma unroll
-      for (int j = 0; j < 9; ++j)
-        cp_async_16(smem_addr(dst + j * kBlockBytes + row * 128 + ((ls ^ (row & 7)) << 4)), src + (ls + 8 * j) * 16,
-                    valid);
-      if (ls == 0) tok_ok[(tile & 1) * kSm90Tile + row] = valid ? 1 : 0;
-    }
-    cp_async_commit();
-  };
-
-  // Warpgroup 1 loads the tiles of stage 0, warpgroup 0 those of stage 1: tile (1 - wg) first.
-  if (npairs > 0) {
-    fetch_blocks(1 - wg);
-    issue(1 - wg);
-    fetch_blocks(3 - wg);
-  }
   cp_async_wait_all();
   fence_proxy_async();
-  __syncthreads();
+  named_bar_sync(kBarConsumers, kConsumerThreads);
 
-  // ---- per-thread rows (the wgmma accumulator layout: rows 16·wi + lane/4 and + 8) ----
-  const int rs[2] = {16 * wi + (lane >> 2), 16 * wi + (lane >> 2) + 8};
-  int nrow[2];  // visible local keys of each row (causal rule in global coordinates)
+  RowState st;
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    const int grow = row0 + rs[e];
-    nrow[e] = grow < p.rows_per_seq ? int(sharding::visible_local_keys(len, p.q_len, grow / p.num_heads, p.shard)) : 0;
+    st.rs[e] = 16 * wi + (lane >> 2) + 8 * e;
+    const int grow = w.row0 + st.rs[e];
+    st.nvis[e] =
+        grow < p.rows_per_seq ? int(sharding::visible_local_keys(w.len, p.q_len, grow / p.num_heads, p.shard)) : 0;
+    st.m[e] = -INFINITY;
+    st.l[e] = 0.0f;
   }
-  float m_run[2] = {-INFINITY, -INFINITY};
-  float l_run[2] = {0.0f, 0.0f};  // this warpgroup's tiles only, at the scale m_run
-
-  // Accumulators are first written by the tensor cores (the first tile's products overwrite them):
-  // an ordinary definition of a register that a wgmma in flight may own makes ptxas serialize every
-  // wgmma of the kernel (C7515), and a zero initialization before the loop counts as one.
-  float o[128];
-  float s[32];
 
   const uint32_t kv_addr = smem_addr(kv_s);
-  constexpr uint64_t kStage = uint64_t(kSm90TileBytes >> 4);  // one stage in descriptor address units
+  constexpr uint64_t kStage = uint64_t(kTileBytes >> 4);  // one stage in descriptor address units
   const uint64_t q_desc = kmajor_desc(smem_addr(q_s));
   const uint64_t k_desc = kmajor_desc(kv_addr) + uint64_t(wg) * kStage;  // this warpgroup's stage
   const uint64_t p_desc0 = kmajor_desc(kv_addr + 8 * kBlockBytes);       // P over the rope block of stage 0
   const uint64_t v_desc0 = nmajor_desc(kv_addr + uint32_t(wg * 4 * kBlockBytes));
-  uint8_t* const p_own = kv_s + wg * kSm90TileBytes + 8 * kBlockBytes;  // this warpgroup's P
+  uint8_t* const p_own = kv_s + wg * kTileBytes + 8 * kBlockBytes;  // where this warpgroup's P goes
+  const uint32_t my_full = bar_addr(full, wg * kSubTiles);
+  // The tile whose last keys lie past the split's end (rows [tail_valid, 64) to zero), or -1.
+  const int tail_tile = (w.k_end - w.k_begin) % kTile ? w.ntiles - 1 : -1;
+  const int tail_valid = (w.k_end - w.k_begin) % kTile;
+  const float scale = p.score_scale_log2;
 
-  for (int i = 0; i < npairs; ++i) {
-    const bool more = i + 1 < npairs;
-    const int tile = 2 * i + wg;  // the tile this warpgroup scores (stage wg)
+  // Accumulators are first written by the tensor cores (the first products overwrite them).
+  float o[128];
+  float s[32];
+  uint32_t pr[16];
 
-    // ---- scores of this warpgroup's tile ----
-    if (i > 0) named_bar_sync(wg == 0 ? kBarLoaded0 : kBarLoaded1, kPairThreads);
+  if (w.npairs > 0) {  // scores of this warpgroup's first tile
     wgmma_fence();
     fence_regs(s);
-    issue_scores64(s, q_desc, k_desc);
+    issue_scores(s, q_desc, k_desc, my_full, 0);
     wgmma_commit();
-    if (wg == 0 && i > 0) {  // the tile b this warpgroup requested at the end of the last pair
-      cp_async_wait_all();
-      fence_proxy_async();
-      named_bar_arrive(kBarLoaded1, kPairThreads);
-    }
     wgmma_wait<0>();
     fence_regs(s);
+  }
 
-    // ---- mask, base-2 logits, row maxima of this tile ----
-    const int kt = k_begin + tile * kSm90Tile;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tt = 8 * j + 2 * (lane & 3) + (e & 1);
-        const bool ok = tok_ok[wg * kSm90Tile + tt] && kt + tt < nrow[e >> 1];
-        const float v = ok ? s[4 * j + e] * p.score_scale_log2 : -INFINITY;
-        s[4 * j + e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-      }
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
-      mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
-    }
-
-    // m_a: the running max after tile a (warpgroup 0 computes it, warpgroup 1 reads it).
-    float m_a[2], m_new[2];
-    if (wg == 1) named_bar_sync(kBarPa, kPairThreads);
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      m_a[e] = wg == 0 ? fmaxf(m_run[e], mx[e]) : red[rs[e]];
-      m_new[e] = wg == 0 ? m_a[e] : fmaxf(m_a[e], mx[e]);  // warpgroup 1: m_b
-    }
-
-    // ---- P = 2^(S - m_new) → this tile's rope block (bf16), row sums ----
-    float alpha[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      alpha[e] = rescale_factor(m_run[e], m_new[e]);
-      l_run[e] *= alpha[e];
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int tt = 8 * j + 2 * (lane & 3);
+  if (wg == 0) {
+    // ---- warpgroup 0: scores tiles a (stage 0), columns [0, 256) ----
+    for (int i = 0; i < w.npairs; ++i) {
+      const bool more = i + 1 < w.npairs;
+      const uint32_t par = uint32_t(i) & 1;
+      float mx[2], m_a[2], alpha[2], m_b[2], beta[2];
+      mask_scores(s, mx, ok, w.k_begin + 2 * i * kTile, st, scale, lane);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float m_use = m_new[e] == -INFINITY ? 0.0f : m_new[e];
-        const float p0 = exp2f(s[4 * j + 2 * e] - m_use);
-        const float p1 = exp2f(s[4 * j + 2 * e + 1] - m_use);
-        l_run[e] += p0 + p1;
-        const int r = rs[e];
-        *reinterpret_cast<uint32_t*>(p_own + r * 128 + (((tt >> 3) ^ (r & 7)) << 4) + (tt & 7) * 2) = pack_bf16(p0, p1);
+        m_a[e] = fmaxf(st.m[e], mx[e]);
+        alpha[e] = rescale_factor(st.m[e], m_a[e]);
+        st.l[e] *= alpha[e];
       }
-    }
-    if ((lane & 3) == 0) {
-      red[wg * 64 + rs[0]] = m_new[0];
-      red[wg * 64 + rs[1]] = m_new[1];
-    }
-    fence_proxy_async();
-    named_bar_sync(kBarOwn + wg, 128);  // this warpgroup's P complete
-    named_bar_arrive(wg == 0 ? kBarPa : kBarPb, kPairThreads);
-
-    if (wg == 0) {
-      // ---- O_L = O_L·2^(m - m_a) + P_a·V_a; then, once WG1 has m_b, ·2^(m_a - m_b) + P_b·V_b ----
+      if ((lane & 3) == 0) {
+        red[st.rs[0]] = m_a[0];
+        red[st.rs[1]] = m_a[1];
+      }
+      named_bar_arrive(kBarMa, kConsumerThreads);
+      exponentiate(s, pr, m_a, st.l);
+      if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 0, wg, tid_in_wg);
       if (i > 0) rescale_rows(o, alpha);
-      m_run[0] = m_a[0];
-      m_run[1] = m_a[1];
       wgmma_fence();
       fence_regs(o);
-      issue_output(o, p_desc0, v_desc0, i > 0);
+      fence_regs(pr);
+      issue_pv_regs(o, pr, v_desc0, i > 0);  // O_L += P_a·V_a,L
       wgmma_commit();
-      named_bar_sync(kBarPb, kPairThreads);
-      float m_b[2], beta[2];
+
+      named_bar_sync(kBarMb, kConsumerThreads);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        m_b[e] = red[64 + rs[e]];
-        beta[e] = rescale_factor(m_run[e], m_b[e]);
-        l_run[e] *= beta[e];
-        m_run[e] = m_b[e];
+        m_b[e] = red[64 + st.rs[e]];
+        beta[e] = rescale_factor(m_a[e], m_b[e]);
       }
+      store_p(p_own, s, beta, st, lane);  // P_a at the scale m_b, for warpgroup 1
+      fence_proxy_async();
+      named_bar_arrive(kBarPa, kConsumerThreads);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: scores done, P_a written
+
       wgmma_wait<0>();
       fence_regs(o);
-      if (more) named_bar_arrive(kBarFree0, kPairThreads);  // P_a·V_a retired here
-      rescale_rows(o, beta);
-      wgmma_fence();
-      fence_regs(o);
-      issue_output(o, p_desc0 + kStage, v_desc0 + kStage, true);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(o);
-      if (more) {  // stage 1 free on both sides: request the next tile b
-        named_bar_sync(kBarFree1, kPairThreads);
-        issue(tile + 3);
-        fetch_blocks(tile + 5);
-      }
-    } else {
-      // ---- O_R = O_R·2^(m - m_a) + P_a·V_a, then ·2^(m_a - m_b) + P_b·V_b ----
-      float a1[2], beta[2];
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 0));  // stage 0, columns 0-3: P_a·V_a,L retired
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        a1[e] = rescale_factor(m_run[e], m_a[e]);
-        beta[e] = rescale_factor(m_a[e], m_new[e]);
-        m_run[e] = m_new[e];
-      }
-      if (i > 0) rescale_rows(o, a1);
-      wgmma_fence();
-      fence_regs(o);
-      issue_output(o, p_desc0, v_desc0, i > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(o);
-      if (more) {  // stage 0 free on both sides: request the next tile a
-        named_bar_sync(kBarFree0, kPairThreads);
-        issue(tile + 1);
-        fetch_blocks(tile + 3);
+        st.l[e] *= beta[e];
+        st.m[e] = m_b[e];
       }
       rescale_rows(o, beta);
+
+      named_bar_sync(kBarPb, kConsumerThreads);
+      if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 0, wg, tid_in_wg);
       wgmma_fence();
       fence_regs(o);
-      issue_output(o, p_desc0 + kStage, v_desc0 + kStage, true);
+      issue_pv_smem(o, p_desc0 + kStage, v_desc0 + kStage);  // O_L += P_b·V_b,L
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(o);
       if (more) {
-        named_bar_arrive(kBarFree1, kPairThreads);
-        cp_async_wait_all();
-        fence_proxy_async();
-        named_bar_arrive(kBarLoaded0, kPairThreads);
+        wgmma_fence();
+        fence_regs(s);
+        issue_scores(s, q_desc, k_desc, my_full, par ^ 1);  // the next tile a, behind P_b·V_b,L
+        wgmma_commit();
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_regs(o);
+      __syncwarp();
+      if (lane == 0) {  // stage 1: P_b·V_b,L retired (columns 0-3 and P_b in column block 8)
+        mbar_arrive(bar_addr(empty, 2));
+        mbar_arrive(bar_addr(empty, 3));
+      }
+      wgmma_wait<0>();
+      fence_regs(s);
+    }
+  } else {
+    // ---- warpgroup 1: scores tiles b (stage 1), columns [256, 512) ----
+    for (int i = 0; i < w.npairs; ++i) {
+      const bool more = i + 1 < w.npairs;
+      const uint32_t par = uint32_t(i) & 1;
+      float mx[2], m_b[2], alpha[2], one[2] = {1.0f, 1.0f};
+      mask_scores(s, mx, ok + kTile, w.k_begin + (2 * i + 1) * kTile, st, scale, lane);
+      named_bar_sync(kBarMa, kConsumerThreads);
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(bar_addr(empty, 0));  // stage 0, columns 0-3: never read here
+        mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: scores b done, its key flags read
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        m_b[e] = fmaxf(red[st.rs[e]], mx[e]);
+        alpha[e] = rescale_factor(st.m[e], m_b[e]);
+        st.l[e] *= alpha[e];
+        st.m[e] = m_b[e];
+      }
+      if ((lane & 3) == 0) {
+        red[64 + st.rs[0]] = m_b[0];
+        red[64 + st.rs[1]] = m_b[1];
+      }
+      named_bar_arrive(kBarMb, kConsumerThreads);
+      exponentiate(s, pr, m_b, st.l);
+      if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 4, wg, tid_in_wg);
+      if (i > 0) rescale_rows(o, alpha);
+      wgmma_fence();
+      fence_regs(o);
+      fence_regs(pr);
+      issue_pv_regs(o, pr, v_desc0 + kStage, i > 0);  // O_R += P_b·V_b,R
+      wgmma_commit();
+      store_p(p_own, s, one, st, lane);  // P_b for warpgroup 0
+      fence_proxy_async();
+      named_bar_arrive(kBarPb, kConsumerThreads);
+
+      named_bar_sync(kBarPa, kConsumerThreads);
+      if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
+      wgmma_fence();
+      fence_regs(o);
+      issue_pv_smem(o, p_desc0, v_desc0);  // O_R += P_a·V_a,R
+      wgmma_commit();
+      wgmma_wait<1>();  // P_b·V_b,R retired; O stays with P_a·V_a,R (no register access here)
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
+      // Stage 0's value half must be released before this warpgroup waits for the next tile b: the
+      // producer fills the ring in tile order, and the next tile a (which warpgroup 0 is waiting for)
+      // needs it. So the next scores are issued after P_a·V_a,R retires (warpgroup 0's products and
+      // softmax keep the tensor cores busy meanwhile).
+      wgmma_wait<0>();
+      fence_regs(o);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
+      if (more) {
+        wgmma_fence();
+        fence_regs(s);
+        issue_scores(s, q_desc, k_desc, my_full, par ^ 1);  // the next tile b
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(s);
       }
     }
   }
   wgmma_wait<0>();
   fence_regs(o);
-  cp_async_wait_all();  // nothing in flight at exit (also when there was no tile)
+  // The combine kernel (launched as a programmatic dependent) may start its prologue now; it waits for
+  // this grid's completion before it reads any partial state.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   // ---- row sums of both warpgroups ----
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 1);
-    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 2);
+    st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], 1);
+    st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], 2);
   }
-  __syncthreads();  // every read of the last tile maxima is done
   if ((lane & 3) == 0) {
-    red[wg * 64 + rs[0]] = l_run[0];
-    red[wg * 64 + rs[1]] = l_run[1];
+    red[(2 + wg) * 64 + st.rs[0]] = st.l[0];
+    red[(2 + wg) * 64 + st.rs[1]] = st.l[1];
   }
-  __syncthreads();
+  named_bar_sync(kBarConsumers, kConsumerThreads);
 
   // ---- write: final output (one split) or the partial state (several) ----
-  const bool direct = nsplits == 1;
+  const bool direct = w.nsplits == 1;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const int r = rs[hh];
-    const int grow = row0 + r;
+    const int r = st.rs[hh];
+    const int grow = w.row0 + r;
     if (grow >= p.rows_per_seq) continue;
-    const float l = red[r] + red[64 + r];
-    const float m = m_run[hh];
+    const float l = red[128 + r] + red[192 + r];
+    const float m = st.m[hh];
     const float lse2 = l > 0.0f ? m + log2f(l) : -INFINITY;
     const float inv = l > 0.0f ? p.out_scale / l : 0.0f;
-    if (ntiles == 0) {  // no tile: O was never written
+    if (w.ntiles == 0) {  // no tile: O was never written
 #pragma unroll
       for (int j = 0; j < 32; ++j) o[4 * j + 2 * hh] = o[4 * j + 2 * hh + 1] = 0.0f;
     }
     const int i = grow / p.num_heads, h = grow - i * p.num_heads;
-    const int64_t t = int64_t(seq) * p.q_len + i;
+    const int64_t t = int64_t(w.seq) * p.q_len + i;
     const int col0 = 256 * wg + 2 * (lane & 3);
     if (direct) {
       const int64_t ob = out_elem(p, t, h) + col0;
@@ -502,7 +679,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_seesaw_kernel
       if (p.lse && wg == 0 && (lane & 3) == 0)
         p.lse[lse_elem(p, t, h)] = lse::convert(lse2, LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
     } else {
-      const int64_t state = (int64_t(seq) * p.max_splits + split) * p.rows_per_seq + grow;
+      const int64_t state = (int64_t(w.seq) * p.max_splits + w.split) * p.rows_per_seq + grow;
       float* dst = p.ws_o + state * kLatentDim + col0;
 #pragma unroll
       for (int j = 0; j < 32; ++j)
@@ -512,17 +689,45 @@ __global__ void __launch_bounds__(kSm90Threads, 1) mla_decode_sm90_seesaw_kernel
   }
 }
 
+// cuTensorMapEncodeTiled from the driver, without linking libcuda.
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
 }  // namespace
 
-size_t sm90_decode_smem_bytes() { return size_t(Sm90Smem::total); }
+bool sm90_decode_block_size_ok(int block_size) {
+  return block_size == 16 || block_size == 32 || (block_size >= 64 && block_size % 64 == 0);
+}
+
+size_t sm90_decode_smem_bytes() { return size_t(Smem::total); }
 
 cudaError_t set_sm90_decode_smem() {
-  return cudaFuncSetAttribute(mla_decode_sm90_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              int(Sm90Smem::total));
+  if (!encode_fn()) return cudaErrorNotSupported;
+  return cudaFuncSetAttribute(mla_decode_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::total));
 }
 
 cudaError_t launch_sm90_decode(const DecodeKernelParams& p, int64_t grid, cudaStream_t stream) {
-  mla_decode_sm90_seesaw_kernel<<<dim3(unsigned(grid)), dim3(kSm90Threads), size_t(Sm90Smem::total), stream>>>(p);
+  // The paged cache as a 3-D tensor [num_blocks][block_size][576] bf16 with the caller's strides;
+  // one box = 64 dims × min(64, block_size) keys of one page, written 128-byte swizzled.
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {cuuint64_t(kQkDim), cuuint64_t(p.block_size), cuuint64_t(p.num_blocks)};
+  const cuuint64_t strides[2] = {cuuint64_t(p.kv_stride_token) * 2, cuuint64_t(p.kv_stride_block) * 2};
+  const cuuint32_t box[3] = {64, cuuint32_t(p.block_size < kTile ? p.block_size : kTile), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint8_t*>(p.kv), dims, strides,
+                                 box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  mla_decode_sm90_kernel<<<dim3(unsigned(grid)), dim3(kThreads), size_t(Smem::total), stream>>>(p, map);
   return cudaGetLastError();
 }
 

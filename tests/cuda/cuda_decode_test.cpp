@@ -104,6 +104,13 @@ std::vector<Case> shape_cases() {
 
 class CudaOracle : public ::testing::TestWithParam<Case> {};
 
+// The single-buffered portable pipeline (the layout of devices with less shared memory), on any device.
+std::unique_ptr<Backend> single_stage_backend() {
+  CudaBackendOptions o;
+  o.single_stage = true;
+  return make_cuda_backend(o);
+}
+
 TEST_P(CudaOracle, MatchesReference) {
   MLADCP_SKIP_WITHOUT_GPU();
   auto cuda = make_backend("cuda");
@@ -116,9 +123,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaOracle, ::testing::ValuesIn(shape_cases()),
 // The single-buffered key pipeline (used on devices with less shared memory), forced by the knob.
 TEST(CudaDecode, SingleStagePipelineMatchesReference) {
   MLADCP_SKIP_WITHOUT_GPU();
-  setenv("MLADCP_CUDA_KV_STAGES", "1", 1);
-  auto cuda = make_backend("cuda");
-  unsetenv("MLADCP_CUDA_KV_STAGES");
+  auto cuda = single_stage_backend();
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(128, 2, 64, {300, 1100, 0}, 7)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(16, 1, 16, {2100, 33}, 8, DType::kFP8E4M3)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(24, 1, 32, {2100, 65}, 9)));
@@ -133,9 +138,7 @@ TEST(CudaSanitize, DecodeSmallShapes) {
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(24, 1, 64, {0, 5, 2100}, 12, DType::kFP8E4M3)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(64, 2, 32, {2, 200}, 13)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(16, 3, 64, {3, 150}, 14, DType::kBF16, {2, 1, 2})));
-  setenv("MLADCP_CUDA_KV_STAGES", "1", 1);
-  auto single = make_backend("cuda");
-  unsetenv("MLADCP_CUDA_KV_STAGES");
+  auto single = single_stage_backend();
   EXPECT_TRUE(matches_oracle_on_device(*single, config(16, 1, 64, {2100}, 15)));
   EXPECT_TRUE(matches_oracle_on_device(*single, config(16, 1, 64, {150}, 16, DType::kFP8E4M3)));
 }

@@ -1,7 +1,7 @@
 // Shapes that reach the Hopper decode kernel (64-row CTAs on a bf16 cache, compute capability 9.0)
 // against the oracle, and its batch invariance. On other devices the same shapes run the portable
-// kernel and the tests still hold. Every shape is also run with MLADCP_CUDA_SM90=0 (portable kernel
-// on Hopper), so both kernels are checked on one device.
+// kernel and the tests still hold. Every shape is also run with CudaBackendOptions::hopper_kernel = false
+// (portable kernel on Hopper), so both kernels are checked on one device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/sm90_decode.h"
 
 namespace mladcp::test {
 namespace {
@@ -22,12 +23,11 @@ bool device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
-// A "cuda" backend; portable = true keeps the portable kernel on Hopper (MLADCP_CUDA_SM90=0).
+// A "cuda" backend; portable = true keeps the portable kernel on Hopper.
 std::unique_ptr<Backend> cuda_backend(bool portable) {
-  if (portable) setenv("MLADCP_CUDA_SM90", "0", 1);
-  auto b = make_backend("cuda");
-  unsetenv("MLADCP_CUDA_SM90");
-  return b;
+  CudaBackendOptions o;
+  o.hopper_kernel = !portable;
+  return make_cuda_backend(o);
 }
 
 // fp32 out with a natural LSE and bf16 out with a base-2 LSE, against the oracle.
@@ -58,8 +58,19 @@ std::unique_ptr<Backend> cuda_backend(bool portable) {
 
 std::vector<synthetic::Config> hopper_shapes() {
   return {
-      config(64, 1, 1, {0, 1, 63, 64, 65, 333}, 201),                    // block size 1: every key its own page
-      config(64, 1, 48, {47, 48, 49, 700}, 202),                         // block size not a power of two
+      config(64, 1, 1, {0, 1, 63, 64, 65, 333}, 201),                    // block size 1: portable fallback
+      config(64, 1, 48, {47, 48, 49, 700}, 202),                         // block size 48: portable fallback
+      config(16, 1, 64, {4097, 0, 130, 1}, 210),                         // 16 heads packed into 64 rows
+      config(16, 4, 64, {4, 200, 2049, 3}, 211),                         // 16 heads × q_len 4 = 64 rows
+      config(128, 2, 64, {2, 700, 4100}, 212),                           // q_len 2: four row chunks
+      config(24, 3, 64, {3, 65, 1000}, 213),                             // 72 rows: two chunks, 8 in the second
+      config(64, 1, 32, {31, 32, 33, 2100}, 214),                        // pages of 32 keys: two copies per tile
+      config(32, 1, 16, {15, 17, 2049}, 215),                            // pages of 16 keys: four copies per tile
+      config(64, 1, 128, {127, 129, 4300}, 216),                         // pages of 128 keys: half a page per tile
+      config(128, 1, 64, {5000}, 217),                                   // one sequence, three splits
+      config(128, 1, 64, {1, 64, 65, 640, 0, 2047, 2048, 2049}, 218),    // eight sequences, one empty
+      config(64, 1, 64, {0, 0, 0}, 219),                                 // every sequence empty
+      config(128, 1, 64, {5000, 33, 777}, 220, DType::kBF16, {4, 2, 16}),  // DCP rank 2 of 4, interleave 16
       config(80, 1, 64, {5, 130, 1000}, 203),                            // two row chunks, the second 16 rows
       config(4, 16, 64, {16, 17, 80, 600}, 204),                         // 64 rows = 16 tokens × 4 heads (causal)
       config(128, 1, 64, {4096, 4097, 8200, 1, 0}, 205),                 // split boundaries, 1-3 splits, empty
@@ -68,6 +79,13 @@ std::vector<synthetic::Config> hopper_shapes() {
       config(64, 3, 16, {0, 3, 4, 130}, 208, DType::kBF16, {4, 0, 2}),   // rows whose local keys are all masked
       config(128, 1, 64, {128, 192, 2048, 2111}, 209),  // whole tile pairs, an odd last split of one tile
   };
+}
+
+// Which pages the Hopper kernel's copies take; every other size runs the portable kernel (the shapes
+// above with pages of 1 and 48 keys check that fallback against the oracle).
+TEST(Sm90Decode, PageSizesOfTheFastPath) {
+  for (int bs : {16, 32, 64, 128, 256, 1024}) EXPECT_TRUE(cuda_impl::sm90_decode_block_size_ok(bs)) << bs;
+  for (int bs : {1, 2, 7, 8, 24, 48, 96, 100}) EXPECT_FALSE(cuda_impl::sm90_decode_block_size_ok(bs)) << bs;
 }
 
 TEST(Sm90Decode, MatchesReference) {

@@ -5,7 +5,14 @@
 #
 #   here, once:          tools/gpu/prepare_deps.sh          (third-party sources into .deps/, git-ignored)
 #   on the GPU machine:  tools/gpu/run.sh [stage...]        stages: build test bench sanitize (default: all),
+#                                                           peers (FlashMLA side by side, see below),
 #                                                           profile (Nsight Compute on three configurations)
+#
+# peers: FlashMLA, a measuring instrument kept outside the project, side by side in the same call. Here:
+#   cp -a ../shared/peers .peers && echo /.peers/ >> .git/info/exclude     (then carry ".peers")
+# The stage builds it (.peers/build_flashmla.sh), runs its harness and mladcp_peer_bench on the same
+# .peers/configs.txt (same cases, same method) and prints one table (tools/gpu/peer_table.py):
+# FlashMLA µs, mladcp µs, ratio, TFLOP/s, GB/s, and the split policies against each other.
 #
 # Environment:
 #   MLADCP_GPU_PREBUILT=dir  use the binaries in dir (cuda_decode_test, cuda_state_test, mladcp_gpu_bench),
@@ -59,12 +66,12 @@ if want build; then
         -DMLADCP_WITH_CUDA=ON -DMLADCP_WITH_NCCL=OFF -DMLADCP_WITH_MPI=OFF -DMLADCP_BUILD_APPS=OFF \
         -DMLADCP_BUILD_BENCH=ON -DMLADCP_BUILD_TESTS=ON -DMLADCP_CUDA_PTXAS_VERBOSE=ON \
         "-DMLADCP_CUDA_GENCODE_PORTABLE=${MLADCP_GPU_ARCH:-}" &&
-        ninja -C "$build" -j "$(nproc)" cuda_decode_test cuda_state_test mladcp_gpu_bench
+        ninja -C "$build" -j "$(nproc)" cuda_decode_test cuda_state_test mladcp_gpu_bench mladcp_peer_bench
     } >>"$out/build.log" 2>&1
     rc=$?
     bin="$build/gpu-bin"
     mkdir -p "$bin"
-    for b in tests/cuda/cuda_decode_test tests/cuda/cuda_state_test bench/gpu/mladcp_gpu_bench; do
+    for b in tests/cuda/cuda_decode_test tests/cuda/cuda_state_test bench/gpu/mladcp_gpu_bench bench/gpu/mladcp_peer_bench; do
       [ -x "$build/$b" ] && cp "$build/$b" "$bin/"
     done
     how="built here"
@@ -78,11 +85,16 @@ if want build; then
         grep -oE '^ +/\*[0-9a-f]+\*/ +[A-Z][A-Z0-9]*' | awk '{print $2}' | sort | uniq -c | sort -rn | head -n 24 |
         awk -v r=$((16 * k)) '{printf "sass (%d-row bf16 split kernel): %s %s\n", r, $2, $1}' >>"$out/build.log"
     done
+    # The Hopper kernel: wgmma, bulk tensor copies, barriers, local memory.
+    awk '/Function : / {f = index($0, "mla_decode_sm90_kernel") > 0} f' "$sass" |
+      grep -oE '^ +/\*[0-9a-f]+\*/ +(@!?U?P[0-9T] +)?[A-Z][A-Z0-9.]*' | awk '{print $NF}' | sed 's/\..*//' |
+      grep -E '^(HGMMA|UTMALDG|SYNCS|BAR|LDL|STL|USETMAXREG|WARPGROUP)$' | sort | uniq -c |
+      awk '{printf "sass (Hopper kernel): %s %s\n", $2, $1}' >>"$out/build.log"
     rm -f "$sass"
   fi
   note "build: $([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc, see build.log)") ($how)"
   grep -qE '[1-9][0-9]* bytes spill' "$out/build.log" && note "build: WARNING register spills (see build.log)"
-  grep -E 'sass \((16|64)-row.*(HMMA|LDSM|BAR|LDL) ' "$out/build.log" | paste -sd ';' -
+  grep -E 'sass \((16|64)-row.*(HMMA|LDSM|BAR|LDL) |sass \(Hopper' "$out/build.log" | paste -sd ';' -
   [ $rc -eq 0 ] || { tail -n 40 "$out/build.log"; printf '%s\n' "${status[@]}"; exit 1; }
 else
   bin="${MLADCP_GPU_PREBUILT:-$build/gpu-bin}"
@@ -118,10 +130,27 @@ if want test; then
 fi
 
 if want bench; then
-  timeout "$(cap 240 10)" "$bin/mladcp_gpu_bench" --json "$out/bench.json" --md "$out/bench.md" ${MLADCP_GPU_BENCH_ARGS:-} \
+  timeout "$(cap 240 10)" "$bin/mladcp_gpu_bench" --json "$out/bench.json" --md "$root/build/bench.md" ${MLADCP_GPU_BENCH_ARGS:-} \
     >"$out/bench.log" 2>&1
   rc=$?
   note "bench: rc $rc; $(tail -n 1 "$out/bench.log")"
+fi
+
+if want peers; then
+  if [ -f .peers/build_flashmla.sh ]; then
+    t0=$(date +%s)
+    timeout "$(cap 300 60)" bash .peers/build_flashmla.sh >"$out/peers.log" 2>&1
+    note "peers: FlashMLA build rc $? in $(($(date +%s) - t0)) s"
+    timeout "$(cap 200 30)" python3 .peers/bench_flashmla.py --configs .peers/configs.txt >>"$out/peers.log" 2>&1
+    note "peers: FlashMLA harness rc $?"
+  else
+    note "peers: .peers/ missing (copy ../shared/peers there and carry it); mladcp only"
+    : >"$out/peers.log"
+  fi
+  timeout "$(cap 200 10)" "$bin/mladcp_peer_bench" --configs "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" \
+    --policies default,invariant,fill >>"$out/peers.log" 2>&1
+  note "peers: mladcp rc $?"
+  python3 tools/gpu/peer_table.py "$out/peers.log" --md "$root/build/peers.md"
 fi
 
 if want sanitize; then
@@ -158,6 +187,7 @@ fi
   echo
   printf -- '- %s\n' "${status[@]}"
   echo
-  [ -f "$out/bench.md" ] && want bench && cat "$out/bench.md"
+  [ -f "$root/build/peers.md" ] && want peers && cat "$root/build/peers.md"
+  [ -f "$root/build/bench.md" ] && want bench && cat "$root/build/bench.md"
 } >"$out/summary.md"
 cat "$out/summary.md"

@@ -1,0 +1,235 @@
+// Side-by-side benchmark: the "cuda" decode on the configurations of a peer's configs.txt, measured
+// with the peer harness's method so that the two RESULT lines of a configuration can be divided.
+//
+// Cases (same as the peer harness): bf16 q [b, s_q, h, 576] and latent cache [num_blocks, 64, 576]
+// with random values (never zeros), sequence lengths and a permuted block table from the 64-bit LCG
+// (Knuth MMIX constants) seeded by the configuration (fixed: every length = ctx; varlen: uniform in
+// [ctx/2, 3ctx/2]; halfempty: odd sequences empty), softmax scale 1/sqrt(192), causal for s_q > 1, bf16
+// out and the fp32 LSE. Method: 5 warm-ups, then 30 calls, each queued behind a ~2M-cycle spin kernel
+// with events right around the call (device time only); the median. One key cache, no rotation.
+//
+// Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
+//                          [--policies default,invariant,fill]
+// Output per configuration and policy:
+//   LENS mladcp h b s_q ctx variant sum_len max_len table_hash
+//   RESULT mladcp[-policy] h b s_q ctx variant median_us GB/s TFLOP/s
+// ("mladcp" is the default policy; GB/s = (Σ len·1152 + q + out bytes) / t; TFLOP/s = 2·1088·h·Σ visible / t.)
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_util.cuh"
+#include "mladcp/backend.h"
+#include "mladcp/config.h"
+
+namespace {
+
+struct PeerConfig {
+  std::string set, variant;
+  int h = 0, b = 0, s_q = 1, ctx = 0;
+};
+
+struct Lcg {
+  uint64_t s;
+  explicit Lcg(uint64_t seed) : s(seed) {}
+  uint64_t next() {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return s >> 33;
+  }
+};
+
+struct Case {
+  std::vector<int32_t> lens, table;
+  int nbps = 0, nb = 0, max_len = 0;
+  uint32_t table_hash = 0;
+};
+
+Case make_case(const PeerConfig& c) {
+  const int vid = c.variant == "varlen" ? 1 : (c.variant == "halfempty" ? 2 : 0);
+  Lcg rng(uint64_t(c.h) * 1000003 + uint64_t(c.b) * 10007 + uint64_t(c.s_q) * 101 + uint64_t(c.ctx) + vid * 7919);
+  Case k;
+  k.lens.assign(size_t(c.b), c.ctx);
+  for (int i = 0; i < c.b; ++i) {
+    if (vid == 1) k.lens[size_t(i)] = int(std::max<uint64_t>(uint64_t(c.ctx / 2) + rng.next() % uint64_t(c.ctx + 1),
+                                                            uint64_t(c.s_q)));
+    if (vid == 2) k.lens[size_t(i)] = i % 2 == 1 ? 0 : c.ctx;
+  }
+  k.max_len = *std::max_element(k.lens.begin(), k.lens.end());
+  k.nbps = std::max(1, (k.max_len + 63) / 64);
+  k.nb = c.b * k.nbps;
+  k.table.resize(size_t(k.nb));
+  for (int i = 0; i < k.nb; ++i) k.table[size_t(i)] = i;
+  for (int i = k.nb - 1; i > 0; --i) std::swap(k.table[size_t(i)], k.table[size_t(rng.next() % uint64_t(i + 1))]);
+  for (int32_t x : k.table) k.table_hash = uint32_t((uint64_t(k.table_hash) * 1000003 + uint64_t(x)) & 0xFFFFFFFFu);
+  return k;
+}
+
+std::vector<PeerConfig> read_configs(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) {
+    std::fprintf(stderr, "cannot read %s\n", path.c_str());
+    std::exit(2);
+  }
+  std::vector<PeerConfig> v;
+  std::string line;
+  while (std::getline(f, line)) {
+    line = line.substr(0, line.find('#'));
+    std::istringstream in(line);
+    PeerConfig c;
+    if (in >> c.set >> c.h >> c.b >> c.s_q >> c.ctx >> c.variant) v.push_back(c);
+  }
+  return v;
+}
+
+struct Policy {
+  const char* tag;
+  bool set;
+  mladcp::SplitPolicy policy;
+};
+
+void run(mladcp::Backend& be, const PeerConfig& c, const std::vector<Policy>& policies, int reps, int warmup,
+         long long spin_cycles) {
+  using namespace mladcp;
+  const Case k = make_case(c);
+  long long sum_len = 0;
+  for (int32_t l : k.lens) sum_len += l;
+  std::printf("LENS mladcp %d %d %d %d %s %lld %d %u\n", c.h, c.b, c.s_q, c.ctx, c.variant.c_str(), sum_len, k.max_len,
+              k.table_hash);
+  const int T = c.b * c.s_q;
+  const size_t kv_elems = size_t(k.nb) * 64 * kQkDim;
+  void *kv, *q, *out, *lse, *table, *lens;
+  CHECK_CUDA(cudaMalloc(&kv, kv_elems * 2));
+  fill_random_bf16(kv, kv_elems, 21);
+  CHECK_CUDA(cudaMalloc(&q, size_t(T) * c.h * kQkDim * 2));
+  fill_random_bf16(q, size_t(T) * c.h * kQkDim, 22);
+  CHECK_CUDA(cudaMalloc(&out, size_t(T) * c.h * kLatentDim * 2));
+  CHECK_CUDA(cudaMalloc(&lse, size_t(T) * c.h * 4));
+  CHECK_CUDA(cudaMalloc(&table, k.table.size() * 4));
+  CHECK_CUDA(cudaMemcpy(table, k.table.data(), k.table.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&lens, k.lens.size() * 4));
+  CHECK_CUDA(cudaMemcpy(lens, k.lens.data(), k.lens.size() * 4, cudaMemcpyHostToDevice));
+  double visible = 0;
+  for (int32_t L : k.lens)
+    for (int t = 0; t < c.s_q; ++t) visible += std::max(0, L - c.s_q + t + 1);
+  const double bytes = double(sum_len) * kQkDim * 2 + double(T) * c.h * (kQkDim * 2 + kLatentDim * 2);
+  const double flops = 2.0 * (kQkDim + kLatentDim) * c.h * visible;
+
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  for (const Policy& pol : policies) {
+    MlaDecodeParams p;
+    p.num_seqs = c.b;
+    p.q_len = c.s_q;
+    p.num_heads = c.h;
+    p.q = q;
+    p.kv_cache = kv;
+    p.kv_dtype = DType::kBF16;
+    p.num_blocks = k.nb;
+    p.block_size = 64;
+    p.block_table = static_cast<const int32_t*>(table);
+    p.max_blocks_per_seq = k.nbps;
+    p.seq_lens = static_cast<const int32_t*>(lens);
+    p.max_seq_len = std::max(1, k.max_len);
+    p.softmax_scale = 0.07216878364870322f;  // 1/sqrt(192)
+    p.out = out;
+    p.out_dtype = DType::kBF16;
+    p.lse = static_cast<float*>(lse);
+    if (pol.set) p.split_policy = pol.policy;
+    void* ws = nullptr;
+    const size_t ws_bytes = be.workspace_bytes(p);
+    if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+    ExecContext ctx;
+    ctx.stream = stream;
+    ctx.workspace = ws;
+    ctx.workspace_size = ws_bytes;
+    for (int i = 0; i < warmup; ++i) CHECK_OK(be.decode(p, ctx));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      spin<<<1, 1, 0, stream>>>(spin_cycles);
+      CHECK_CUDA(cudaEventRecord(e0, stream));
+      CHECK_OK(be.decode(p, ctx));
+      CHECK_CUDA(cudaEventRecord(e1, stream));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      t.push_back(ms * 1e3);
+    }
+    const double us = median(t);
+    std::printf("RESULT %s %d %d %d %d %s %.2f %.1f %.2f\n", pol.tag, c.h, c.b, c.s_q, c.ctx, c.variant.c_str(), us,
+                bytes / (us * 1e-6) / 1e9, flops / (us * 1e-6) / 1e12);
+    std::fflush(stdout);
+    if (ws) CHECK_CUDA(cudaFree(ws));
+  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  for (void* ptr : {kv, q, out, lse, table, lens}) CHECK_CUDA(cudaFree(ptr));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string configs, policies_arg = "default";
+  int reps = 30, warmup = 5, only = -1;
+  long long spin_cycles = 2000000;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has = i + 1 < argc;
+    if (a == "--configs" && has)
+      configs = argv[++i];
+    else if (a == "--reps" && has)
+      reps = std::atoi(argv[++i]);
+    else if (a == "--warmup" && has)
+      warmup = std::atoi(argv[++i]);
+    else if (a == "--spin" && has)
+      spin_cycles = std::atoll(argv[++i]);
+    else if (a == "--only" && has)
+      only = std::atoi(argv[++i]);
+    else if (a == "--policies" && has)
+      policies_arg = argv[++i];
+    else {
+      std::fprintf(stderr,
+                   "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
+                   "[--policies default,invariant,fill]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (configs.empty() || reps < 1 || warmup < 0) {
+    std::fprintf(stderr, "--configs FILE is required; --reps >= 1, --warmup >= 0\n");
+    return 2;
+  }
+  std::vector<Policy> policies;
+  std::stringstream ps(policies_arg);
+  for (std::string name; std::getline(ps, name, ',');) {
+    if (name == "default")
+      policies.push_back({"mladcp", false, mladcp::SplitPolicy::kBatchInvariant});
+    else if (name == "invariant")
+      policies.push_back({"mladcp-invariant", true, mladcp::SplitPolicy::kBatchInvariant});
+    else if (name == "fill")
+      policies.push_back({"mladcp-fill", true, mladcp::SplitPolicy::kFillDevice});
+    else {
+      std::fprintf(stderr, "--policies: '%s' is not default, invariant or fill\n", name.c_str());
+      return 2;
+    }
+  }
+  auto be = mladcp::make_backend("cuda");
+  if (!be) {
+    std::fprintf(stderr, "the cuda backend is not available\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("DEVICE mladcp %s %d SMs\n", prop.name, prop.multiProcessorCount);
+  const std::vector<PeerConfig> cfgs = read_configs(configs);
+  for (size_t i = 0; i < cfgs.size(); ++i)
+    if (only < 0 || size_t(only) == i) run(*be, cfgs[i], policies, reps, warmup, spin_cycles);
+  return 0;
+}

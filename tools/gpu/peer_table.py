@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""One table from the RESULT lines of the peer harness and of mladcp_peer_bench (same configs.txt).
+
+Usage: peer_table.py RESULTS_FILE... [--md OUT.md]
+Lines read: RESULT <who> h b s_q ctx variant median_us GB/s TFLOP/s (who: flashmla, mladcp, mladcp-<policy>).
+Prints, per configuration: FlashMLA µs, mladcp µs (default policy), ratio mladcp/FlashMLA (< 1: mladcp faster),
+mladcp TFLOP/s and GB/s, the other policies' µs and the default's excess over the best policy; then the geomean
+ratio of each configuration set.
+"""
+import math
+import sys
+
+
+def main():
+    args = sys.argv[1:]
+    md_out = None
+    if "--md" in args:
+        i = args.index("--md")
+        md_out = args[i + 1]
+        del args[i:i + 2]
+    res = {}  # (h, b, s_q, ctx, variant) -> {who: (us, gbs, tflops)}
+    order = []
+    for path in args:
+        with open(path) as f:
+            for line in f:
+                p = line.split()
+                if len(p) != 10 or p[0] != "RESULT":
+                    continue
+                key = (int(p[2]), int(p[3]), int(p[4]), int(p[5]), p[6])
+                if key not in res:
+                    res[key] = {}
+                    order.append(key)
+                res[key][p[1]] = (float(p[7]), float(p[8]), float(p[9]))
+    sets = {}
+    try:
+        with open(".peers/configs.txt") as f:
+            for line in f:
+                p = line.split("#", 1)[0].split()
+                if len(p) >= 6:
+                    sets[(int(p[1]), int(p[2]), int(p[3]), int(p[4]), p[5])] = p[0]
+    except OSError:
+        pass
+    policies = sorted({w for r in res.values() for w in r if w.startswith("mladcp-")})
+    head = ["set", "h", "b", "s_q", "ctx", "variant", "FlashMLA µs", "mladcp µs", "ratio", "mladcp TFLOP/s",
+            "mladcp GB/s"] + [f"{p[7:]} µs" for p in policies] + ["default vs best"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    ratios = {}
+    for key in order:
+        r = res[key]
+        if "mladcp" not in r:
+            continue
+        us, gbs, tf = r["mladcp"]
+        f = r.get("flashmla")
+        ratio = us / f[0] if f else float("nan")
+        s = sets.get(key, "")
+        if f:
+            ratios.setdefault(s, []).append(ratio)
+        best = min([us] + [r[p][0] for p in policies if p in r])
+        row = [s, *map(str, key[:4]), key[4], f"{f[0]:.1f}" if f else "-", f"{us:.1f}",
+               f"{ratio:.2f}" if f else "-", f"{tf:.1f}", f"{gbs:.0f}"]
+        row += [f"{r[p][0]:.1f}" if p in r else "-" for p in policies]
+        row += [f"{(us / best - 1) * 100:+.1f}%"]
+        lines.append("| " + " | ".join(row) + " |")
+    for s, v in sorted(ratios.items()):
+        g = math.exp(sum(math.log(x) for x in v) / len(v))
+        lines.append(f"\ngeomean ratio ({s or 'all'}, {len(v)} configurations): {g:.3f}; "
+                     f"mladcp faster on {sum(x < 1 for x in v)}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if md_out:
+        with open(md_out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
