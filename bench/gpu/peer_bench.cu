@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -220,11 +221,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto be = mladcp::make_backend("cuda");
-  if (!be) {
-    std::fprintf(stderr, "the cuda backend is not available\n");
-    return 1;
-  }
+  std::unique_ptr<mladcp::Backend> be;
+  CHECK_OK(mladcp::create_backend("cuda", &be));
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("DEVICE mladcp %s %d SMs\n", prop.name, prop.multiProcessorCount);
