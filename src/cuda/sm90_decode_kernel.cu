@@ -21,7 +21,7 @@
 //                                            scores) holds the bf16 probabilities the other warpgroup
 //                                            multiplies
 //   red  [4][64] fp32                        m_a, m_b of the current pair; row sums at the end
-//   ok   [2 stages][64] u8                   key present (written by the producer with the tile)
+//   ok   [2 stages] u64                      key present, bit k for key k (written by the producer with the tile)
 //   full[2][9], empty[2][2] mbarriers        sub-tile landed; stage half (column blocks 0-3 / 4-8)
 //                                            released by both consumers
 // Byte (r, chunk c) of a [9][64][128 B] tile: (c / 8) · 8192 + r · 128 + ((c % 8) ^ (r % 8)) · 16, the
@@ -56,7 +56,7 @@ struct Smem {
   static constexpr int kv = q + kTileBytes;
   static constexpr int red = kv + 2 * kTileBytes;
   static constexpr int ok = red + 4 * 64 * 4;
-  static constexpr int full = ok + 2 * kTile;           // [2][9] u64
+  static constexpr int full = ok + 2 * 8;               // [2][9] u64
   static constexpr int empty = full + 2 * kSubTiles * 8;  // [2][2] u64
   static constexpr int total = empty + 4 * 8;
 };
@@ -219,10 +219,10 @@ __device__ __forceinline__ void issue_pv_regs(float (&o)[128], const uint32_t (&
                 ks > 0 || accumulate);
 }
 // O += P·V with P in shared memory.
-__device__ __forceinline__ void issue_pv_smem(float (&o)[128], uint64_t p_desc, uint64_t v_desc) {
+__device__ __forceinline__ void issue_pv_smem(float (&o)[128], uint64_t p_desc, uint64_t v_desc, bool accumulate) {
 #pragma unroll
   for (int ks = 0; ks < kTile / 16; ++ks)
-    wgmma_pv_ss(o, p_desc + uint64_t((ks * 32) >> 4), v_desc + uint64_t((ks * 16 * 128) >> 4), 1);
+    wgmma_pv_ss(o, p_desc + uint64_t((ks * 32) >> 4), v_desc + uint64_t((ks * 16 * 128) >> 4), ks > 0 || accumulate);
 }
 
 __device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
@@ -259,15 +259,16 @@ struct RowState {
 };
 
 // Mask the scores of tile `tile` (stage `stage`) into base-2 logits; returns the row maxima of the tile.
-__device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2], const uint8_t* ok, int kt,
+__device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2], const uint64_t* ok_bits, int kt,
                                             const RowState& st, float scale, int lane) {
   mx[0] = mx[1] = -INFINITY;
+  const uint64_t ok = *ok_bits;
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int tt = 8 * j + 2 * (lane & 3) + (e & 1);
-      const bool valid = ok[tt] && kt + tt < st.nvis[e >> 1];
+      const bool valid = ((ok >> tt) & 1) && kt + tt < st.nvis[e >> 1];
       const float v = valid ? s[4 * j + e] * scale : -INFINITY;
       s[4 * j + e] = v;
       mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -331,48 +332,64 @@ __device__ __forceinline__ void zero_tail_rows(uint8_t* stage, int valid, int c0
 __device__ __forceinline__ uint32_t bar_addr(uint32_t base, int i) { return base + uint32_t(8 * i); }
 
 // ---- the producer: one thread ----
+
+// Block ids of the pages of tile t (one per copy: `copies` pages of `rows` keys), -1 where absent (past
+// the split, past the table, or an id outside [0, num_blocks)).
+struct TilePages {
+  int blk[4], row[4];
+};
+__device__ __forceinline__ TilePages fetch_pages(const DecodeKernelParams& p, const int32_t* bt_row, int kt, int k_end,
+                                                 int rows, int copies) {
+  TilePages tp;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    tp.blk[c] = -1;
+    tp.row[c] = 0;
+    const int k = kt + c * rows;
+    if (c < copies && k < k_end) {
+      const int page = k / p.block_size;
+      tp.row[c] = k - page * p.block_size;
+      if (page < p.max_blocks_per_seq) {
+        const int32_t b = __ldg(bt_row + page);
+        if (b >= 0 && b < p.num_blocks) tp.blk[c] = b;
+      }
+    }
+  }
+  return tp;
+}
+
+// Present keys of a tile as bits: a prefix of each present page's keys (up to the split's end).
+__device__ __forceinline__ uint64_t present_bits(const TilePages& tp, int kt, int k_end, int rows, int copies) {
+  uint64_t bits = 0;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    if (c >= copies || tp.blk[c] < 0) continue;
+    const int n = min(rows, k_end - (kt + c * rows));
+    if (n > 0) bits |= (n >= 64 ? ~0ull : ((1ull << n) - 1)) << (c * rows);
+  }
+  return bits;
+}
+
 __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUtensorMap* map, const CtaWork& w,
                                         uint8_t* smem) {
   const uint32_t kv = smem_addr(smem + Smem::kv);
   const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
-  uint8_t* const ok = smem + Smem::ok;
+  uint64_t* const ok = reinterpret_cast<uint64_t*>(smem + Smem::ok);
   const int32_t* const bt_row = p.block_table + int64_t(w.seq) * p.block_table_stride;
   const int rows = p.block_size < kTile ? p.block_size : kTile;  // keys per copy
   const int copies = kTile / rows;                                 // 1, 2 or 4
   uint64_t policy;  // keys are read by the row chunks of one split only: evict them first
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  TilePages next = fetch_pages(p, bt_row, w.k_begin, w.k_end, rows, copies);
   for (int t = 0; t < 2 * w.npairs; ++t) {
     const int s = t & 1, use = t >> 1;
     const int kt = w.k_begin + t * kTile;
-    int blk[4], row[4];
-    uint32_t okw[16];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      blk[c] = -1;
-      row[c] = 0;
-      if (c >= copies) continue;
-      const int k = kt + c * rows;
-      const int page = k / p.block_size;
-      row[c] = k - page * p.block_size;
-      if (k < w.k_end && page < p.max_blocks_per_seq) {
-        const int32_t b = __ldg(bt_row + page);
-        if (b >= 0 && b < p.num_blocks) blk[c] = b;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      uint32_t v = 0;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int key = 4 * i + b;
-        v |= uint32_t(blk[key / rows] >= 0 && kt + key < w.k_end) << (8 * b);
-      }
-      okw[i] = v;
-    }
+    const TilePages cur = next;
+    next = fetch_pages(p, bt_row, kt + kTile, w.k_end, rows, copies);  // in flight while this tile waits
+    const uint64_t bits = present_bits(cur, kt, w.k_end, rows, copies);
     // A block id of -1 is out of the tensor map's range: the copy engine fills zeros (and counts the bytes).
     if (use > 0) mbar_wait(bar_addr(empty, 2 * s), uint32_t(use - 1) & 1);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) reinterpret_cast<uint32_t*>(ok + s * kTile)[i] = okw[i];
+    ok[s] = bits;
     const uint32_t stage = kv + uint32_t(s * kTileBytes);
 #pragma unroll 1
     for (int c = 0; c < kSubTiles; ++c) {
@@ -382,7 +399,8 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         if (q < copies)
-          tma_load_3d(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, row[q], blk[q], policy);
+          tma_load_3d(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, cur.row[q], cur.blk[q],
+                      policy);
     }
   }
 }
@@ -429,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* const q_s = smem + Smem::q;
   uint8_t* const kv_s = smem + Smem::kv;
   float* const red = reinterpret_cast<float*>(smem + Smem::red);  // [4][64]: m_a, m_b, l of WG0, l of WG1
-  const uint8_t* const ok = smem + Smem::ok;
+  const uint64_t* const ok = reinterpret_cast<const uint64_t*>(smem + Smem::ok);
   const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows 16·wi .. 16·wi + 15
   const int tid_in_wg = tid & 127;
 
@@ -543,7 +561,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 0, wg, tid_in_wg);
       wgmma_fence();
       fence_regs(o);
-      issue_pv_smem(o, p_desc0 + kStage, v_desc0 + kStage);  // O_L += P_b·V_b,L
+      issue_pv_smem(o, p_desc0 + kStage, v_desc0 + kStage, true);  // O_L += P_b·V_b,L
       wgmma_commit();
       if (more) {
         wgmma_fence();
@@ -569,7 +587,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool more = i + 1 < w.npairs;
       const uint32_t par = uint32_t(i) & 1;
       float mx[2], m_b[2], alpha[2], one[2] = {1.0f, 1.0f};
-      mask_scores(s, mx, ok + kTile, w.k_begin + (2 * i + 1) * kTile, st, scale, lane);
+      mask_scores(s, mx, ok + 1, w.k_begin + (2 * i + 1) * kTile, st, scale, lane);
       named_bar_sync(kBarMa, kConsumerThreads);
       __syncwarp();
       if (lane == 0) {
@@ -591,32 +609,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       exponentiate(s, pr, m_b, st.l);
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 4, wg, tid_in_wg);
       if (i > 0) rescale_rows(o, alpha);
-      wgmma_fence();
-      fence_regs(o);
-      fence_regs(pr);
-      issue_pv_regs(o, pr, v_desc0 + kStage, i > 0);  // O_R += P_b·V_b,R
-      wgmma_commit();
-      store_p(p_own, s, one, st, lane);  // P_b for warpgroup 0
-      fence_proxy_async();
-      named_bar_arrive(kBarPb, kConsumerThreads);
-
+      // P_a·V_a,R first: stage 0's value half is released as early as possible (the producer refills
+      // the ring in tile order, and the next tile a waits for it).
       named_bar_sync(kBarPa, kConsumerThreads);
       if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
       wgmma_fence();
       fence_regs(o);
-      issue_pv_smem(o, p_desc0, v_desc0);  // O_R += P_a·V_a,R
+      fence_regs(pr);
+      issue_pv_smem(o, p_desc0, v_desc0, i > 0);  // O_R += P_a·V_a,R
       wgmma_commit();
-      wgmma_wait<1>();  // P_b·V_b,R retired; O stays with P_a·V_a,R (no register access here)
+      issue_pv_regs(o, pr, v_desc0 + kStage, true);  // O_R += P_b·V_b,R
+      wgmma_commit();
+      store_p(p_own, s, one, st, lane);  // P_b for warpgroup 0
+      fence_proxy_async();
+      named_bar_arrive(kBarPb, kConsumerThreads);
+      wgmma_wait<1>();  // P_a·V_a,R retired; O stays with P_b·V_b,R (no register access here)
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
-      // Stage 0's value half must be released before this warpgroup waits for the next tile b: the
-      // producer fills the ring in tile order, and the next tile a (which warpgroup 0 is waiting for)
-      // needs it. So the next scores are issued after P_a·V_a,R retires (warpgroup 0's products and
-      // softmax keep the tensor cores busy meanwhile).
+      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
+      // Both value halves this warpgroup reads must be released before it waits for the next tile b
+      // (the producer fills the ring in tile order); warpgroup 0's products keep the tensor cores busy.
       wgmma_wait<0>();
       fence_regs(o);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
+      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
       if (more) {
         wgmma_fence();
         fence_regs(s);

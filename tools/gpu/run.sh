@@ -20,6 +20,7 @@
 #   MLADCP_GPU_ARCH=flags    -gencode flags of the portable target (default: none, Hopper sm_90a only)
 #   MLADCP_GPU_BENCH_ARGS    extra arguments of mladcp_gpu_bench (e.g. --quick)
 #   MLADCP_GPU_BUDGET_S      seconds the whole script may take (default 540); later stages get what is left
+#   MLADCP_PEERS_MLADCP_ONLY=1  peers stage without FlashMLA (iterations; a recorded ratio needs both)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -137,7 +138,7 @@ if want bench; then
 fi
 
 if want peers; then
-  if [ -f .peers/build_flashmla.sh ]; then
+  if [ -f .peers/build_flashmla.sh ] && [ -z "${MLADCP_PEERS_MLADCP_ONLY:-}" ]; then
     t0=$(date +%s)
     timeout "$(cap 300 60)" bash .peers/build_flashmla.sh >"$out/peers.log" 2>&1
     note "peers: FlashMLA build rc $? in $(($(date +%s) - t0)) s"
