@@ -243,7 +243,7 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alph
 
 // Named barriers (0 is __syncthreads). Producer warpgroup arrives, consumer warpgroup syncs (256 threads),
 // or one warpgroup / both consumers among themselves.
-constexpr int kBarMa = 1, kBarMb = 2, kBarPa = 3, kBarPb = 4, kBarOwn = 5 /* + wg */, kBarConsumers = 7;
+constexpr int kBarMb = 2, kBarPa = 3, kBarPb = 4, kBarOwn = 5 /* + wg */, kBarConsumers = 7;
 
 // Everything a consumer warpgroup needs about its CTA.
 struct CtaWork {
@@ -498,21 +498,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   float s[32];
   uint32_t pr[16];
 
-  if (w.npairs > 0) {  // scores of this warpgroup's first tile
-    wgmma_fence();
-    fence_regs(s);
-    issue_scores(s, q_desc, k_desc, my_full, 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(s);
-  }
-
   if (wg == 0) {
     // ---- warpgroup 0: scores tiles a (stage 0), columns [0, 256) ----
+    if (w.npairs > 0) {  // scores of the first tile a
+      issue_scores(s, q_desc, k_desc, my_full, 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(s);
+    }
     for (int i = 0; i < w.npairs; ++i) {
       const bool more = i + 1 < w.npairs;
       const uint32_t par = uint32_t(i) & 1;
-      float mx[2], m_a[2], alpha[2], m_b[2], beta[2];
+      float mx[2], m_a[2], alpha[2], m_b[2], beta[2], one[2] = {1.0f, 1.0f};
+      // P_a = 2^(S_a − m_a), m_a = max(m, rowmax S_a): to registers (own product) and over the rope
+      // block of stage 0 (warpgroup 1's product), with m_a, then O_L = O_L·2^(m − m_a) + P_a·V_a,L.
       mask_scores(s, mx, ok, w.k_begin + 2 * i * kTile, st, scale, lane);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -520,12 +519,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         alpha[e] = rescale_factor(st.m[e], m_a[e]);
         st.l[e] *= alpha[e];
       }
+      exponentiate(s, pr, m_a, st.l);
+      store_p(p_own, s, one, st, lane);
       if ((lane & 3) == 0) {
         red[st.rs[0]] = m_a[0];
         red[st.rs[1]] = m_a[1];
       }
-      named_bar_arrive(kBarMa, kConsumerThreads);
-      exponentiate(s, pr, m_a, st.l);
+      fence_proxy_async();
+      named_bar_arrive(kBarPa, kConsumerThreads);
       if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 0, wg, tid_in_wg);
       if (i > 0) rescale_rows(o, alpha);
       wgmma_fence();
@@ -533,30 +534,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(pr);
       issue_pv_regs(o, pr, v_desc0, i > 0);  // O_L += P_a·V_a,L
       wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(o);
+      __syncwarp();
+      if (lane == 0) {  // stage 0: scores and P_a·V_a,L done (P_a stays until warpgroup 1 releases it)
+        mbar_arrive(bar_addr(empty, 0));
+        mbar_arrive(bar_addr(empty, 1));
+      }
 
+      // O_L ·= 2^(m_a − m_b) once warpgroup 1 has m_b, then O_L += P_b·V_b,L (P_b from stage 1's rope block).
       named_bar_sync(kBarMb, kConsumerThreads);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         m_b[e] = red[64 + st.rs[e]];
         beta[e] = rescale_factor(m_a[e], m_b[e]);
-      }
-      store_p(p_own, s, beta, st, lane);  // P_a at the scale m_b, for warpgroup 1
-      fence_proxy_async();
-      named_bar_arrive(kBarPa, kConsumerThreads);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: scores done, P_a written
-
-      wgmma_wait<0>();
-      fence_regs(o);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 0));  // stage 0, columns 0-3: P_a·V_a,L retired
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
         st.l[e] *= beta[e];
         st.m[e] = m_b[e];
       }
       rescale_rows(o, beta);
-
       named_bar_sync(kBarPb, kConsumerThreads);
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 0, wg, tid_in_wg);
       wgmma_fence();
@@ -564,8 +559,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_pv_smem(o, p_desc0 + kStage, v_desc0 + kStage, true);  // O_L += P_b·V_b,L
       wgmma_commit();
       if (more) {
-        wgmma_fence();
-        fence_regs(s);
         issue_scores(s, q_desc, k_desc, my_full, par ^ 1);  // the next tile a, behind P_b·V_b,L
         wgmma_commit();
         wgmma_wait<1>();
@@ -584,21 +577,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---- warpgroup 1: scores tiles b (stage 1), columns [256, 512) ----
     for (int i = 0; i < w.npairs; ++i) {
-      const bool more = i + 1 < w.npairs;
       const uint32_t par = uint32_t(i) & 1;
-      float mx[2], m_b[2], alpha[2], one[2] = {1.0f, 1.0f};
-      mask_scores(s, mx, ok + 1, w.k_begin + (2 * i + 1) * kTile, st, scale, lane);
-      named_bar_sync(kBarMa, kConsumerThreads);
-      __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(bar_addr(empty, 0));  // stage 0, columns 0-3: never read here
-        mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: scores b done, its key flags read
-      }
+      float mx[2], m_a[2], alpha[2], m_b[2], beta[2], one[2] = {1.0f, 1.0f};
+      // O_R = O_R·2^(m − m_a) + P_a·V_a,R as soon as warpgroup 0 has published P_a (so that stage 0 is
+      // released early in the pair), and the scores of tile b behind it.
+      named_bar_sync(kBarPa, kConsumerThreads);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        m_b[e] = fmaxf(red[st.rs[e]], mx[e]);
-        alpha[e] = rescale_factor(st.m[e], m_b[e]);
+        m_a[e] = red[st.rs[e]];
+        alpha[e] = rescale_factor(st.m[e], m_a[e]);
         st.l[e] *= alpha[e];
+        st.m[e] = m_a[e];
+      }
+      if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
+      if (i > 0) rescale_rows(o, alpha);
+      wgmma_fence();
+      fence_regs(o);
+      issue_pv_smem(o, p_desc0, v_desc0, i > 0);  // O_R += P_a·V_a,R
+      wgmma_commit();
+      issue_scores(s, q_desc, k_desc, my_full, par);  // S_b
+      wgmma_commit();
+      wgmma_wait<1>();
+      fence_regs(o);
+      __syncwarp();
+      if (lane == 0) {  // stage 0: P_a·V_a,R retired (this warpgroup never reads columns 0-3 of it)
+        mbar_arrive(bar_addr(empty, 0));
+        mbar_arrive(bar_addr(empty, 1));
+      }
+      wgmma_wait<0>();
+      fence_regs(s);
+
+      // m_b = max(m_a, rowmax S_b), P_b; O_R ·= 2^(m_a − m_b), O_R += P_b·V_b,R; P_b for warpgroup 0.
+      mask_scores(s, mx, ok + 1, w.k_begin + (2 * i + 1) * kTile, st, scale, lane);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        m_b[e] = fmaxf(m_a[e], mx[e]);
+        beta[e] = rescale_factor(m_a[e], m_b[e]);
+        st.l[e] *= beta[e];
         st.m[e] = m_b[e];
       }
       if ((lane & 3) == 0) {
@@ -606,40 +621,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         red[64 + st.rs[1]] = m_b[1];
       }
       named_bar_arrive(kBarMb, kConsumerThreads);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: scores b done, flags read
       exponentiate(s, pr, m_b, st.l);
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 4, wg, tid_in_wg);
-      if (i > 0) rescale_rows(o, alpha);
-      // P_a·V_a,R first: stage 0's value half is released as early as possible (the producer refills
-      // the ring in tile order, and the next tile a waits for it).
-      named_bar_sync(kBarPa, kConsumerThreads);
-      if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
+      rescale_rows(o, beta);
       wgmma_fence();
       fence_regs(o);
       fence_regs(pr);
-      issue_pv_smem(o, p_desc0, v_desc0, i > 0);  // O_R += P_a·V_a,R
-      wgmma_commit();
       issue_pv_regs(o, pr, v_desc0 + kStage, true);  // O_R += P_b·V_b,R
       wgmma_commit();
       store_p(p_own, s, one, st, lane);  // P_b for warpgroup 0
       fence_proxy_async();
       named_bar_arrive(kBarPb, kConsumerThreads);
-      wgmma_wait<1>();  // P_a·V_a,R retired; O stays with P_b·V_b,R (no register access here)
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
-      // Both value halves this warpgroup reads must be released before it waits for the next tile b
-      // (the producer fills the ring in tile order); warpgroup 0's products keep the tensor cores busy.
       wgmma_wait<0>();
       fence_regs(o);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
-      if (more) {
-        wgmma_fence();
-        fence_regs(s);
-        issue_scores(s, q_desc, k_desc, my_full, par ^ 1);  // the next tile b
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(s);
-      }
     }
   }
   wgmma_wait<0>();

@@ -69,7 +69,7 @@ std::vector<synthetic::Config> hopper_shapes() {
       config(64, 1, 128, {127, 129, 4300}, 216),                         // pages of 128 keys: half a page per tile
       config(128, 1, 64, {5000}, 217),                                   // one sequence, three splits
       config(128, 1, 64, {1, 64, 65, 640, 0, 2047, 2048, 2049}, 218),    // eight sequences, one empty
-      config(64, 1, 64, {0, 0, 0}, 219),                                 // every sequence empty
+      config(64, 1, 64, {0, 1, 0}, 219),                                 // empty sequences around a one-key one
       config(128, 1, 64, {5000, 33, 777}, 220, DType::kBF16, {4, 2, 16}),  // DCP rank 2 of 4, interleave 16
       config(80, 1, 64, {5, 130, 1000}, 203),                            // two row chunks, the second 16 rows
       config(4, 16, 64, {16, 17, 80, 600}, 204),                         // 64 rows = 16 tokens × 4 heads (causal)
