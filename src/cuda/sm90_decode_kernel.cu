@@ -378,8 +378,13 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
   const int32_t* const bt_row = p.block_table + int64_t(w.seq) * p.block_table_stride;
   const int rows = p.block_size < kTile ? p.block_size : kTile;  // keys per copy
   const int copies = kTile / rows;                                 // 1, 2 or 4
-  uint64_t policy;  // keys are read by the row chunks of one split only: evict them first
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  // Keys read by one CTA only are evicted first; with several row chunks the chunks of a split read
+  // the same keys side by side, so the second read should find them in L2.
+  uint64_t policy;
+  if (p.row_chunks > 1)
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   TilePages next = fetch_pages(p, bt_row, w.k_begin, w.k_end, rows, copies);
   for (int t = 0; t < 2 * w.npairs; ++t) {
     const int s = t & 1, use = t >> 1;

@@ -60,8 +60,8 @@ std::vector<synthetic::Config> hopper_shapes() {
   return {
       config(64, 1, 1, {0, 1, 63, 64, 65, 333}, 201),                    // block size 1: portable fallback
       config(64, 1, 48, {47, 48, 49, 700}, 202),                         // block size 48: portable fallback
-      config(16, 1, 64, {4097, 0, 130, 1}, 210),                         // 16 heads packed into 64 rows
-      config(16, 4, 64, {4, 200, 2049, 0}, 211),                         // 16 heads × q_len 4 = 64 rows
+      config(16, 1, 64, {4097, 0, 130, 1}, 210),                         // 16 rows: the portable kernel
+      config(16, 4, 64, {4, 200, 2049, 0}, 211),                         // 16 heads × q_len 4 = 64 rows packed
       config(128, 2, 64, {2, 700, 4100}, 212),                           // q_len 2: four row chunks
       config(24, 3, 64, {3, 65, 1000}, 213),                             // 72 rows: two chunks, 8 in the second
       config(64, 1, 32, {31, 32, 33, 2100}, 214),                        // pages of 32 keys: two copies per tile

@@ -21,6 +21,7 @@
 #   MLADCP_GPU_BENCH_ARGS    extra arguments of mladcp_gpu_bench (e.g. --quick)
 #   MLADCP_GPU_BUDGET_S      seconds the whole script may take (default 540); later stages get what is left
 #   MLADCP_PEERS_MLADCP_ONLY=1  peers stage without FlashMLA (iterations; a recorded ratio needs both)
+#   MLADCP_GPU_PROFILE_CONFIGS  profile stage configurations (H,B,CTX,QLEN,KV ...)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -145,7 +146,7 @@ if want peers; then
     timeout "$(cap 200 30)" python3 .peers/bench_flashmla.py --configs .peers/configs.txt >>"$out/peers.log" 2>&1
     note "peers: FlashMLA harness rc $?"
   else
-    note "peers: .peers/ missing (copy ../shared/peers there and carry it); mladcp only"
+    note "peers: FlashMLA not run (.peers/ missing, or MLADCP_PEERS_MLADCP_ONLY set); mladcp only"
     : >"$out/peers.log"
   fi
   timeout "$(cap 200 10)" "$bin/mladcp_peer_bench" --configs "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" \
@@ -171,9 +172,9 @@ fi
 if want profile; then
   ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)"
   : >"$out/profile.log"
-  for cfg in 16,128,4096,1,bf16 128,64,4096,1,bf16 16,128,4096,1,fp8; do
+  for cfg in ${MLADCP_GPU_PROFILE_CONFIGS:-16,128,4096,1,bf16 128,64,4096,1,bf16 16,128,4096,1,fp8}; do
     echo "## ncu split kernel, --only $cfg" >>"$out/profile.log"
-    timeout "$(cap 90 5)" "$ncu_bin" --clock-control none -k regex:mla_decode_split --launch-skip 2 --launch-count 1 \
+    timeout "$(cap 90 5)" "$ncu_bin" --clock-control none -k regex:'mla_decode_s(plit|m90)' --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
       "$bin/mladcp_gpu_bench" --only "$cfg" --reps 3 --warmup 2 --no-ceilings >>"$out/profile.log" 2>&1
