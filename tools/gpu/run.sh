@@ -177,6 +177,7 @@ if want profile; then
     timeout "$(cap 90 5)" "$ncu_bin" --clock-control none -k regex:'mla_decode_s(plit|m90)' --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      --section SourceCounters \
       "$bin/mladcp_gpu_bench" --only "$cfg" --reps 3 --warmup 2 --no-ceilings >>"$out/profile.log" 2>&1
     note "profile $cfg: rc $?"
   done
