@@ -9,7 +9,9 @@
 // with events right around the call (device time only); the median. One key cache, no rotation.
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
-//                          [--policies default,invariant,fill]
+//                          [--policies default,invariant,fill] [--hot-pages N]
+// --hot-pages N: every block-table entry names one of N pages (the keys stay in L2; an experiment that
+// separates the kernel's own schedule from its key loads, not a peer configuration).
 // Output per configuration and policy:
 //   LENS mladcp h b s_q ctx variant sum_len max_len table_hash
 //   RESULT mladcp[-policy] h b s_q ctx variant median_us GB/s TFLOP/s
@@ -94,9 +96,11 @@ struct Policy {
 };
 
 void run(mladcp::Backend& be, const PeerConfig& c, const std::vector<Policy>& policies, int reps, int warmup,
-         long long spin_cycles) {
+         long long spin_cycles, int hot_pages) {
   using namespace mladcp;
-  const Case k = make_case(c);
+  Case k = make_case(c);
+  if (hot_pages > 0)
+    for (int32_t& b : k.table) b %= hot_pages;
   long long sum_len = 0;
   for (int32_t l : k.lens) sum_len += l;
   std::printf("LENS mladcp %d %d %d %d %s %lld %d %u\n", c.h, c.b, c.s_q, c.ctx, c.variant.c_str(), sum_len, k.max_len,
@@ -178,7 +182,7 @@ void run(mladcp::Backend& be, const PeerConfig& c, const std::vector<Policy>& po
 
 int main(int argc, char** argv) {
   std::string configs, policies_arg = "default";
-  int reps = 30, warmup = 5, only = -1;
+  int reps = 30, warmup = 5, only = -1, hot_pages = 0;
   long long spin_cycles = 2000000;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -195,10 +199,12 @@ int main(int argc, char** argv) {
       only = std::atoi(argv[++i]);
     else if (a == "--policies" && has)
       policies_arg = argv[++i];
+    else if (a == "--hot-pages" && has)
+      hot_pages = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr,
                    "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
-                   "[--policies default,invariant,fill]\n",
+                   "[--policies default,invariant,fill] [--hot-pages N]\n",
                    argv[0]);
       return 2;
     }
@@ -228,6 +234,6 @@ int main(int argc, char** argv) {
   std::printf("DEVICE mladcp %s %d SMs\n", prop.name, prop.multiProcessorCount);
   const std::vector<PeerConfig> cfgs = read_configs(configs);
   for (size_t i = 0; i < cfgs.size(); ++i)
-    if (only < 0 || size_t(only) == i) run(*be, cfgs[i], policies, reps, warmup, spin_cycles);
+    if (only < 0 || size_t(only) == i) run(*be, cfgs[i], policies, reps, warmup, spin_cycles, hot_pages);
   return 0;
 }
