@@ -226,8 +226,15 @@ __device__ __forceinline__ void issue_pv_smem(float (&o)[128], uint64_t p_desc, 
     wgmma_pv_ss(o, p_desc + uint64_t((ks * 32) >> 4), v_desc + uint64_t((ks * 16 * 128) >> 4), ks > 0 || accumulate);
 }
 
+// 2^x (MUFU.EX2; flushes subnormal results to zero, as probabilities below 2^-126 contribute nothing).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
-  return m_from == -INFINITY ? 1.0f : exp2f(m_from - m_to);
+  return m_from == -INFINITY ? 1.0f : fast_exp2(m_from - m_to);
 }
 // o (a warpgroup's 64 × 256 accumulator) ·= α of its rows, skipped when no row of the warp moved.
 __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alpha)[2]) {
@@ -259,40 +266,53 @@ struct RowState {
   float l[2];   // this warpgroup's tiles' sum of probabilities at scale m
 };
 
-// Mask the scores of tile `tile` (stage `stage`) into base-2 logits; returns the row maxima of the tile.
+// Scores of absent keys, keys past the split and keys after a row's causal limit become -inf (raw scores
+// stay unscaled); mx gets the row maxima of the tile as base-2 logits (scale > 0 commutes with max).
+// A tile whose 64 keys are all present and visible to both rows of the thread skips the per-key tests.
 __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2], const uint64_t* ok_bits, int kt,
                                             const RowState& st, float scale, int lane) {
-  mx[0] = mx[1] = -INFINITY;
   const uint64_t ok = *ok_bits;
+  if (ok != ~0ull || kt + kTile > min(st.nvis[0], st.nvis[1])) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int tt = 8 * j + 2 * (lane & 3) + (e & 1);
-      const bool valid = ((ok >> tt) & 1) && kt + tt < st.nvis[e >> 1];
-      const float v = valid ? s[4 * j + e] * scale : -INFINITY;
-      s[4 * j + e] = v;
-      mx[e >> 1] = fmaxf(mx[e >> 1], v);
-    }
+      for (int e = 0; e < 4; ++e) {
+        const int tt = 8 * j + 2 * (lane & 3) + (e & 1);
+        const bool valid = ((ok >> tt) & 1) && kt + tt < st.nvis[e >> 1];
+        s[4 * j + e] = valid ? s[4 * j + e] : -INFINITY;
+      }
+  }
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
+    float m0 = fmaxf(s[2 * e], s[2 * e + 1]), m1 = fmaxf(s[4 + 2 * e], s[4 + 2 * e + 1]);
+#pragma unroll
+    for (int j = 2; j < 8; j += 2) {
+      m0 = fmaxf(m0, fmaxf(s[4 * j + 2 * e], s[4 * j + 2 * e + 1]));
+      m1 = fmaxf(m1, fmaxf(s[4 * j + 4 + 2 * e], s[4 * j + 4 + 2 * e + 1]));
+    }
+    mx[e] = fmaxf(m0, m1);
     mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
     mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
+    mx[e] *= scale;
   }
 }
 
-// s ← 2^(s − m) (fp32, kept), row sums added to l, bf16 A fragments into p.
-__device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&p)[16], const float (&m)[2], float (&l)[2]) {
-  float m_use[2];
+// s ← 2^(s·scale − m) (fp32, kept), row sums added to l, bf16 A fragments into p.
+__device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&p)[16], const float (&m)[2], float scale,
+                                             float (&l)[2]) {
+  float neg_m[2];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) m_use[e] = m[e] == -INFINITY ? 0.0f : m[e];
+  for (int e = 0; e < 2; ++e) neg_m[e] = m[e] == -INFINITY ? 0.0f : -m[e];
+  float part[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s[4 * j + e] = exp2f(s[4 * j + e] - m_use[e >> 1]);
-      l[e >> 1] += s[4 * j + e];
+      s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], scale, neg_m[e >> 1]));
+      part[e >> 1][j & 1] += s[4 * j + e];
     }
+  l[0] += part[0][0] + part[0][1];
+  l[1] += part[1][0] + part[1][1];
   // A fragment of k-step ks: (row, keys 16ks + 2t..), (row + 8, same), (row, keys 16ks + 8 + 2t..), (row + 8, same)
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
@@ -522,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         alpha[e] = rescale_factor(st.m[e], m_a[e]);
         st.l[e] *= alpha[e];
       }
-      exponentiate(s, pr, m_a, st.l);
+      exponentiate(s, pr, m_a, scale, st.l);
       store_p(p_own, s, one, st, lane);
       float* const red_ma = red + 128 * par;  // m_a and m_b of this pair: slots of its parity
       if ((lane & 3) == 0) {
@@ -628,7 +648,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_bar_arrive(kBarMb, kConsumerThreads);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: scores b done, flags read
-      exponentiate(s, pr, m_b, st.l);
+      exponentiate(s, pr, m_b, scale, st.l);
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 4, wg, tid_in_wg);
       rescale_rows(o, beta);
       wgmma_fence();
