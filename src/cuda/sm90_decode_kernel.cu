@@ -521,18 +521,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   float s[32];
   uint32_t pr[16];
 
-  // Each warpgroup issues the scores of its next tile as soon as that tile has landed, ahead of the
-  // hand-over that comes next, so that one warpgroup's softmax overlaps the other's score products:
-  // warpgroup 0 right after P_a·V_a,L (before it waits for m_b and P_b), warpgroup 1 at the end of its
-  // pair (during warpgroup 0's next softmax).
-  if (w.npairs > 0) {  // scores of this warpgroup's first tile
-    issue_scores(s, q_desc, k_desc, my_full, 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(s);
-  }
   if (wg == 0) {
     // ---- warpgroup 0: scores tiles a (stage 0), columns [0, 256) ----
+    if (w.npairs > 0) {  // scores of the first tile a
+      issue_scores(s, q_desc, k_desc, my_full, 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(s);
+    }
     for (int i = 0; i < w.npairs; ++i) {
       const bool more = i + 1 < w.npairs;
       const uint32_t par = uint32_t(i) & 1;
@@ -569,10 +565,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive(bar_addr(empty, 0));
         mbar_arrive(bar_addr(empty, 1));
       }
-      if (more) {  // the next tile a, while warpgroup 1 works on tile b
-        issue_scores(s, q_desc, k_desc, my_full, par ^ 1);
-        wgmma_commit();
-      }
 
       // O_L ·= 2^(m_a − m_b) once warpgroup 1 has m_b, then O_L += P_b·V_b,L (P_b from stage 1's rope block).
       named_bar_sync(kBarMb, kConsumerThreads);
@@ -590,22 +582,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(o);
       issue_pv_smem(o, p_desc0 + kStage, v_desc0 + kStage, true);  // O_L += P_b·V_b,L
       wgmma_commit();
-      wgmma_wait<0>();
+      if (more) {
+        issue_scores(s, q_desc, k_desc, my_full, par ^ 1);  // the next tile a, behind P_b·V_b,L
+        wgmma_commit();
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
       fence_regs(o);
-      fence_regs(s);
       __syncwarp();
       if (lane == 0) {  // stage 1: P_b·V_b,L retired (columns 0-3 and P_b in column block 8)
         mbar_arrive(bar_addr(empty, 2));
         mbar_arrive(bar_addr(empty, 3));
       }
+      wgmma_wait<0>();
+      fence_regs(s);
     }
   } else {
     // ---- warpgroup 1: scores tiles b (stage 1), columns [256, 512) ----
     for (int i = 0; i < w.npairs; ++i) {
-      const bool more = i + 1 < w.npairs;
       const uint32_t par = uint32_t(i) & 1;
       float mx[2], m_a[2], alpha[2], m_b[2], beta[2], one[2] = {1.0f, 1.0f};
-      // O_R = O_R·2^(m − m_a) + P_a·V_a,R as soon as warpgroup 0 has published P_a.
+      // O_R = O_R·2^(m − m_a) + P_a·V_a,R as soon as warpgroup 0 has published P_a (so that stage 0 is
+      // released early in the pair), and the scores of tile b behind it.
       named_bar_sync(kBarPa, kConsumerThreads);
       float* const red_ma = red + 128 * par;  // m_a and m_b of this pair: slots of its parity
 #pragma unroll
@@ -621,8 +620,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(o);
       issue_pv_smem(o, p_desc0, v_desc0, i > 0);  // O_R += P_a·V_a,R
       wgmma_commit();
+      issue_scores(s, q_desc, k_desc, my_full, par);  // S_b
+      wgmma_commit();
+      wgmma_wait<1>();
+      fence_regs(o);
+      __syncwarp();
+      if (lane == 0) {  // stage 0: P_a·V_a,R retired (this warpgroup never reads columns 0-3 of it)
+        mbar_arrive(bar_addr(empty, 0));
+        mbar_arrive(bar_addr(empty, 1));
+      }
+      wgmma_wait<0>();
+      fence_regs(s);
 
-      // m_b = max(m_a, rowmax S_b), P_b (S_b retired at the end of the last pair), while P_a·V_a,R runs.
+      // m_b = max(m_a, rowmax S_b), P_b; O_R ·= 2^(m_a − m_b), O_R += P_b·V_b,R; P_b for warpgroup 0.
       mask_scores(s, mx, ok + 1, w.k_begin + (2 * i + 1) * kTile, st, scale, lane);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -640,13 +650,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: scores b done, flags read
       exponentiate(s, pr, m_b, scale, st.l);
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 4, wg, tid_in_wg);
-      wgmma_wait<0>();
-      fence_regs(o);
-      __syncwarp();
-      if (lane == 0) {  // stage 0: P_a·V_a,R retired (this warpgroup never reads columns 0-3 of it)
-        mbar_arrive(bar_addr(empty, 0));
-        mbar_arrive(bar_addr(empty, 1));
-      }
       rescale_rows(o, beta);
       wgmma_fence();
       fence_regs(o);
@@ -660,12 +663,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(o);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
-      if (more) {  // the next tile b, during warpgroup 0's next softmax
-        issue_scores(s, q_desc, k_desc, my_full, par ^ 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(s);
-      }
     }
   }
   wgmma_wait<0>();
