@@ -66,15 +66,20 @@ static_assert(Smem::kv % 1024 == 0 && Smem::full % 8 == 0, "alignment of the swi
 
 // ---- PTX wrappers ----
 
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(sbo_bytes >> 4) << 32) |
-         (uint64_t(1) << 62);
+// wgmma shared-memory descriptors, 128-byte swizzle, kept as their low word: the start address (bits 0-13,
+// 16-byte units) and the leading byte offset (bits 16-29). The high word is the same for every operand here:
+// stride byte offset 1024 (8-row groups) and the swizzle layout type. Offsets added to the low word never
+// carry (shared-memory addresses < 256 KiB), so each operand of each wgmma costs one 32-bit add, in
+// uniform registers when the base is warp-uniform.
+constexpr uint32_t kDescHi = (1024 >> 4) | (1u << 30);
+// K-major operand (64 contiguous k values per 128-byte row of a column block); the leading offset is unused.
+__device__ __forceinline__ uint32_t kmajor_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+// N-major B operand (V: 64 contiguous output dims per column block, one key per 128-byte row): column blocks
+// kBlockBytes apart (leading offset).
+__device__ __forceinline__ uint32_t nmajor_lo(uint32_t addr) {
+  return ((addr & 0x3FFFF) >> 4) | (uint32_t(kBlockBytes >> 4) << 16);
 }
-// K-major operand (64 contiguous k values per 128-byte row of a column block): 8-row groups 1024 bytes apart.
-__device__ __forceinline__ uint64_t kmajor_desc(uint32_t addr) { return sw128_desc(addr, 16, 1024); }
-// N-major B operand (V: 64 contiguous output dims per column block, one key per 128-byte row): column
-// blocks kBlockBytes apart (leading), 8-key groups 1024 bytes apart (stride).
-__device__ __forceinline__ uint64_t nmajor_desc(uint32_t addr) { return sw128_desc(addr, kBlockBytes, 1024); }
+__device__ __forceinline__ uint64_t desc(uint32_t lo) { return (uint64_t(kDescHi) << 32) | lo; }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -200,30 +205,31 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity);
 // stage's 9 copies (`full`, phase parity `parity`) have landed. All waits come before the first
 // issue: an mbarrier wait loop between two wgmma issues makes ptxas serialize every wgmma of the
 // kernel (checked in the SASS: one WARPGROUP.DEPBAR after each HGMMA).
-__device__ __forceinline__ void issue_scores(float (&s)[32], uint64_t q_desc, uint64_t k_desc, uint32_t full,
+__device__ __forceinline__ void issue_scores(float (&s)[32], uint32_t q_lo, uint32_t k_lo, uint32_t full,
                                              uint32_t parity) {
   for (int c = 0; c < kSubTiles; ++c) mbar_wait(full + 8 * c, parity);
   wgmma_fence();
   fence_regs(s);
 #pragma unroll
   for (int kk = 0; kk < kQkDim / 16; ++kk) {
-    const uint64_t koff = uint64_t(((kk >> 2) * kBlockBytes + (kk & 3) * 32) >> 4);
-    wgmma_qk_m64n64(s, q_desc + koff, k_desc + koff, kk > 0);
+    const uint32_t koff = uint32_t(((kk >> 2) * kBlockBytes + (kk & 3) * 32) >> 4);
+    wgmma_qk_m64n64(s, desc(q_lo + koff), desc(k_lo + koff), kk > 0);
   }
 }
 // O += P·V with P in registers (p[4·ks .. 4·ks + 3]: keys 16·ks .. 16·ks + 15).
-__device__ __forceinline__ void issue_pv_regs(float (&o)[128], const uint32_t (&p)[16], uint64_t v_desc,
+__device__ __forceinline__ void issue_pv_regs(float (&o)[128], const uint32_t (&p)[16], uint32_t v_lo,
                                               bool accumulate) {
 #pragma unroll
   for (int ks = 0; ks < kTile / 16; ++ks)
-    wgmma_pv_rs(o, p[4 * ks], p[4 * ks + 1], p[4 * ks + 2], p[4 * ks + 3], v_desc + uint64_t((ks * 16 * 128) >> 4),
+    wgmma_pv_rs(o, p[4 * ks], p[4 * ks + 1], p[4 * ks + 2], p[4 * ks + 3], desc(v_lo + uint32_t((ks * 16 * 128) >> 4)),
                 ks > 0 || accumulate);
 }
 // O += P·V with P in shared memory.
-__device__ __forceinline__ void issue_pv_smem(float (&o)[128], uint64_t p_desc, uint64_t v_desc, bool accumulate) {
+__device__ __forceinline__ void issue_pv_smem(float (&o)[128], uint32_t p_lo, uint32_t v_lo, bool accumulate) {
 #pragma unroll
   for (int ks = 0; ks < kTile / 16; ++ks)
-    wgmma_pv_ss(o, p_desc + uint64_t((ks * 32) >> 4), v_desc + uint64_t((ks * 16 * 128) >> 4), ks > 0 || accumulate);
+    wgmma_pv_ss(o, desc(p_lo + uint32_t((ks * 32) >> 4)), desc(v_lo + uint32_t((ks * 16 * 128) >> 4)),
+                ks > 0 || accumulate);
 }
 
 // 2^x (MUFU.EX2; flushes subnormal results to zero, as probabilities below 2^-126 contribute nothing).
@@ -504,13 +510,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   const uint32_t kv_addr = smem_addr(kv_s);
-  constexpr uint64_t kStage = uint64_t(kTileBytes >> 4);  // one stage in descriptor address units
-  const uint64_t q_desc = kmajor_desc(smem_addr(q_s));
-  const uint64_t k_desc = kmajor_desc(kv_addr) + uint64_t(wg) * kStage;  // this warpgroup's stage
-  const uint64_t p_desc0 = kmajor_desc(kv_addr + 8 * kBlockBytes);       // P over the rope block of stage 0
-  const uint64_t v_desc0 = nmajor_desc(kv_addr + uint32_t(wg * 4 * kBlockBytes));
-  uint8_t* const p_own = kv_s + wg * kTileBytes + 8 * kBlockBytes;  // where this warpgroup's P goes
-  const uint32_t my_full = bar_addr(full, wg * kSubTiles);
+  // Operand descriptors (low words; everything here is warp-uniform, and each warpgroup's branch below
+  // adds only constants, so the descriptors stay in uniform registers).
+  constexpr uint32_t kStage = kTileBytes >> 4;           // one stage in descriptor address units
+  constexpr uint32_t kHalf = (4 * kBlockBytes) >> 4;     // value columns 256-511 of a stage
+  const uint32_t q_lo = kmajor_lo(smem_addr(q_s));
+  const uint32_t k_lo0 = kmajor_lo(kv_addr);                  // keys of stage 0
+  const uint32_t p_lo0 = kmajor_lo(kv_addr + 8 * kBlockBytes);  // P over the rope block of stage 0
+  const uint32_t v_lo0 = nmajor_lo(kv_addr);                  // values of stage 0, columns 0-255
   // The tile whose last keys lie past the split's end (rows [tail_valid, 64) to zero), or -1.
   const int tail_tile = (w.k_end - w.k_begin) % kTile ? w.ntiles - 1 : -1;
   const int tail_valid = (w.k_end - w.k_begin) % kTile;
@@ -524,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // ---- warpgroup 0: scores tiles a (stage 0), columns [0, 256) ----
     if (w.npairs > 0) {  // scores of the first tile a
-      issue_scores(s, q_desc, k_desc, my_full, 0);
+      issue_scores(s, q_lo, k_lo0, full, 0);
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(s);
@@ -543,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         st.l[e] *= alpha[e];
       }
       exponentiate(s, pr, m_a, scale, st.l);
-      store_p(p_own, s, one, st, lane);
+      store_p(kv_s + 8 * kBlockBytes, s, one, st, lane);
       float* const red_ma = red + 128 * par;  // m_a and m_b of this pair: slots of its parity
       if ((lane & 3) == 0) {
         red_ma[st.rs[0]] = m_a[0];
@@ -556,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
       fence_regs(o);
       fence_regs(pr);
-      issue_pv_regs(o, pr, v_desc0, i > 0);  // O_L += P_a·V_a,L
+      issue_pv_regs(o, pr, v_lo0, i > 0);  // O_L += P_a·V_a,L
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(o);
@@ -580,10 +587,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 0, wg, tid_in_wg);
       wgmma_fence();
       fence_regs(o);
-      issue_pv_smem(o, p_desc0 + kStage, v_desc0 + kStage, true);  // O_L += P_b·V_b,L
+      issue_pv_smem(o, p_lo0 + kStage, v_lo0 + kStage, true);  // O_L += P_b·V_b,L
       wgmma_commit();
       if (more) {
-        issue_scores(s, q_desc, k_desc, my_full, par ^ 1);  // the next tile a, behind P_b·V_b,L
+        issue_scores(s, q_lo, k_lo0, full, par ^ 1);  // the next tile a, behind P_b·V_b,L
         wgmma_commit();
         wgmma_wait<1>();
       } else {
@@ -618,9 +625,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (i > 0) rescale_rows(o, alpha);
       wgmma_fence();
       fence_regs(o);
-      issue_pv_smem(o, p_desc0, v_desc0, i > 0);  // O_R += P_a·V_a,R
+      issue_pv_smem(o, p_lo0, v_lo0 + kHalf, i > 0);  // O_R += P_a·V_a,R
       wgmma_commit();
-      issue_scores(s, q_desc, k_desc, my_full, par);  // S_b
+      issue_scores(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par);  // S_b
       wgmma_commit();
       wgmma_wait<1>();
       fence_regs(o);
@@ -654,9 +661,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_fence();
       fence_regs(o);
       fence_regs(pr);
-      issue_pv_regs(o, pr, v_desc0 + kStage, true);  // O_R += P_b·V_b,R
+      issue_pv_regs(o, pr, v_lo0 + kStage + kHalf, true);  // O_R += P_b·V_b,R
       wgmma_commit();
-      store_p(p_own, s, one, st, lane);  // P_b for warpgroup 0
+      store_p(kv_s + kTileBytes + 8 * kBlockBytes, s, one, st, lane);  // P_b for warpgroup 0
       fence_proxy_async();
       named_bar_arrive(kBarPb, kConsumerThreads);
       wgmma_wait<0>();
