@@ -55,9 +55,9 @@ void add_decode_command(CLI::App& app) {
   sub->add_option("--lse-base", opt->lse_base, "Base of the returned LSE: e or 2")->capture_default_str();
   sub->add_flag("--no-lse", opt->no_lse, "Ask the kernel for no LSE");
   sub->add_option("--split-policy", opt->split_policy,
-                  "Split-KV plan of device backends: invariant (results independent of the batch) or fill "
-                  "(shorter splits that fill the GPU; faster for few long sequences, results may depend on the "
-                  "batch and the device)")
+                  "Split-KV plan of device backends: fill (the default: shorter splits when the batch leaves the GPU "
+                  "idle; results may depend on the batch and the device) or invariant (results independent of the "
+                  "batch)")
       ->capture_default_str();
   sub->add_option("--dcp-world", opt->dcp_world, "DCP group size W: decode one shard of a W-way sharded cache")
       ->capture_default_str()

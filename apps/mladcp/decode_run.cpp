@@ -330,7 +330,7 @@ std::string describe_shape(const DecodeReport& r) {
                               " heads, q_len ", c.q_len, ", ", dtype_name(c.kv_dtype), " KV, block ", c.block_size,
                               ", ", dtype_name(r.out_dtype), " out");
   if (r.lse) s += detail::cat(", LSE base ", lse_base_name(r.lse_base));
-  if (r.split_policy != SplitPolicy::kBatchInvariant)
+  if (r.split_policy != SplitPolicy::kFillDevice)
     s += detail::cat(", split policy ", split_policy_name(r.split_policy));
   if (c.shard.world > 1)
     s += detail::cat("; DCP shard rank ", c.shard.rank, " of ", c.shard.world, ", interleave ", c.shard.interleave);

@@ -12,12 +12,13 @@ namespace mladcp {
 // How a device backend cuts sequences into split-KV work units (host backends ignore it).
 enum class SplitPolicy {
   // Split lengths depend only on each sequence's own length and the head count: a sequence's result
-  // is bitwise the same whatever else is in the batch and on every device. The default.
+  // is bitwise the same whatever else is in the batch and on every device (opt in for that).
   kBatchInvariant = 0,
   // Split lengths chosen so that the grid fills the device (about one to two waves of CTAs) from the
-  // batch shape (num_seqs, max_seq_len, heads) and the device's SM count: faster for few long
-  // sequences; results may depend on the batch and the device (still deterministic run to run for
-  // the same batch on the same device).
+  // batch shape (num_seqs, max_seq_len, heads) and the device's SM count: the same splits as
+  // kBatchInvariant when the batch fills the device, shorter ones for few long sequences; results may
+  // depend on the batch and the device (still deterministic run to run for the same batch on the
+  // same device). The default.
   kFillDevice = 1,
 };
 const char* split_policy_name(SplitPolicy s);  // "invariant", "fill"
@@ -83,7 +84,7 @@ struct MlaDecodeParams {
 
   // Split-KV planning of device backends (see SplitPolicy); host backends accept and ignore it.
   // Device backends' workspace_bytes() depend on it.
-  SplitPolicy split_policy = SplitPolicy::kBatchInvariant;
+  SplitPolicy split_policy = SplitPolicy::kFillDevice;
 };
 
 // The same params with every zero stride (and head_group_size) replaced by its contiguous default.

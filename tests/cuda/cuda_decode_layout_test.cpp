@@ -178,7 +178,8 @@ TEST(CudaDecode, BatchInvariantAndDeterministic) {
   const synthetic::Problem prob = make_problem(config(H, q_len, 64, {1500, 37, 4096, 0, 900, 6000}, 41));
   DeviceProblem dev(prob);
   auto cuda = make_backend("cuda");
-  const MlaDecodeParams all = dev.params(prob, nullptr, DType::kBF16, nullptr, LseBase::kE);
+  MlaDecodeParams all = dev.params(prob, nullptr, DType::kBF16, nullptr, LseBase::kE);
+  all.split_policy = SplitPolicy::kBatchInvariant;  // what this test checks
   const size_t T = size_t(prob.num_tokens());
   const RawResult batch = run_raw(*cuda, all, T, H);
   const RawResult again = run_raw(*cuda, all, T, H);
