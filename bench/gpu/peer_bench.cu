@@ -9,13 +9,13 @@
 // with events right around the call (device time only); the median. One key cache, no rotation.
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
-//                          [--policies default,invariant,fill] [--hot-pages N]
+//                          [--policies default,invariant,fill,nolse] [--hot-pages N]
 // --hot-pages N: every block-table entry names one of N pages (the keys stay in L2; an experiment that
 // separates the kernel's own schedule from its key loads, not a peer configuration).
 // Output per configuration and policy:
 //   LENS mladcp h b s_q ctx variant sum_len max_len table_hash
 //   RESULT mladcp[-policy] h b s_q ctx variant median_us GB/s TFLOP/s
-// ("mladcp" is the default policy; GB/s = (Σ len·1152 + q + out bytes) / t; TFLOP/s = 2·1088·h·Σ visible / t.)
+// ("mladcp" is the default policy, "mladcp-nolse" the default without LSE; GB/s = (Σ len·1152 + q + out bytes) / t; TFLOP/s = 2·1088·h·Σ visible / t.)
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -93,6 +93,7 @@ struct Policy {
   const char* tag;
   bool set;
   mladcp::SplitPolicy policy;
+  bool lse = true;  // false: no LSE asked for (the default policy)
 };
 
 void run(mladcp::Backend& be, const PeerConfig& c, const std::vector<Policy>& policies, int reps, int warmup,
@@ -146,7 +147,7 @@ void run(mladcp::Backend& be, const PeerConfig& c, const std::vector<Policy>& po
     p.softmax_scale = 0.07216878364870322f;  // 1/sqrt(192)
     p.out = out;
     p.out_dtype = DType::kBF16;
-    p.lse = static_cast<float*>(lse);
+    p.lse = pol.lse ? static_cast<float*>(lse) : nullptr;
     if (pol.set) p.split_policy = pol.policy;
     void* ws = nullptr;
     const size_t ws_bytes = be.workspace_bytes(p);
@@ -222,8 +223,10 @@ int main(int argc, char** argv) {
       policies.push_back({"mladcp-invariant", true, mladcp::SplitPolicy::kBatchInvariant});
     else if (name == "fill")
       policies.push_back({"mladcp-fill", true, mladcp::SplitPolicy::kFillDevice});
+    else if (name == "nolse")
+      policies.push_back({"mladcp-nolse", false, mladcp::SplitPolicy::kFillDevice, false});
     else {
-      std::fprintf(stderr, "--policies: '%s' is not default, invariant or fill\n", name.c_str());
+      std::fprintf(stderr, "--policies: '%s' is not default, invariant, fill or nolse\n", name.c_str());
       return 2;
     }
   }

@@ -32,17 +32,18 @@ def main():
                     order.append(key)
                 res[key][p[1]] = (float(p[7]), float(p[8]), float(p[9]))
     sets = {}
-    try:
-        with open(".peers/configs.txt") as f:
-            for line in f:
-                p = line.split("#", 1)[0].split()
-                if len(p) >= 6:
-                    sets[(int(p[1]), int(p[2]), int(p[3]), int(p[4]), p[5])] = p[0]
-    except OSError:
-        pass
-    policies = sorted({w for r in res.values() for w in r if w.startswith("mladcp-")})
+    for cfg_path in (".peers/configs.txt", "tools/gpu/extra_configs.txt"):
+        try:
+            with open(cfg_path) as f:
+                for line in f:
+                    p = line.split("#", 1)[0].split()
+                    if len(p) >= 6:
+                        sets.setdefault((int(p[1]), int(p[2]), int(p[3]), int(p[4]), p[5]), p[0])
+        except OSError:
+            pass
+    policies = sorted({w for r in res.values() for w in r if w.startswith("mladcp-") and w != "mladcp-nolse"})
     head = ["set", "h", "b", "s_q", "ctx", "variant", "FlashMLA µs", "mladcp µs", "ratio", "mladcp TFLOP/s",
-            "mladcp GB/s"] + [f"{p[7:]} µs" for p in policies] + ["default vs best"]
+            "mladcp GB/s"] + [f"{p[7:]} µs" for p in policies] + ["default vs best", "no-LSE µs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ratios = {}
     for key in order:
@@ -59,7 +60,7 @@ def main():
         row = [s, *map(str, key[:4]), key[4], f"{f[0]:.1f}" if f else "-", f"{us:.1f}",
                f"{ratio:.2f}" if f else "-", f"{tf:.1f}", f"{gbs:.0f}"]
         row += [f"{r[p][0]:.1f}" if p in r else "-" for p in policies]
-        row += [f"{(us / best - 1) * 100:+.1f}%"]
+        row += [f"{(us / best - 1) * 100:+.1f}%", f"{r['mladcp-nolse'][0]:.1f}" if "mladcp-nolse" in r else "-"]
         lines.append("| " + " | ".join(row) + " |")
     for s, v in sorted(ratios.items()):
         g = math.exp(sum(math.log(x) for x in v) / len(v))

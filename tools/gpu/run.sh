@@ -145,13 +145,17 @@ if want peers; then
     note "peers: FlashMLA build rc $? in $(($(date +%s) - t0)) s"
     timeout "$(cap 200 30)" python3 .peers/bench_flashmla.py --configs .peers/configs.txt >>"$out/peers.log" 2>&1
     note "peers: FlashMLA harness rc $?"
+    timeout "$(cap 120 30)" python3 .peers/bench_flashmla.py --configs tools/gpu/extra_configs.txt >>"$out/peers.log" 2>&1
+    note "peers: FlashMLA harness (extra configurations) rc $?"
   else
     note "peers: FlashMLA not run (.peers/ missing, or MLADCP_PEERS_MLADCP_ONLY set); mladcp only"
     : >"$out/peers.log"
   fi
-  timeout "$(cap 200 10)" "$bin/mladcp_peer_bench" --configs "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" \
-    --policies default,invariant,fill >>"$out/peers.log" 2>&1
-  note "peers: mladcp rc $?"
+  for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
+    timeout "$(cap 200 10)" "$bin/mladcp_peer_bench" --configs "$cfgs" --policies default,invariant,fill,nolse \
+      >>"$out/peers.log" 2>&1
+    note "peers: mladcp on $cfgs rc $?"
+  done
   python3 tools/gpu/peer_table.py "$out/peers.log" --md "$root/build/peers.md"
 fi
 
