@@ -104,6 +104,7 @@ TEST(SplitPolicyPlan, FillDeviceSplitsFewLongSequences) {
 void expect_more_splits(Backend& cuda, const synthetic::Config& cfg) {
   const synthetic::Problem prob = make_problem(cfg);
   MlaDecodeParams p = prob.params(nullptr, DType::kFP32, nullptr);
+  p.split_policy = SplitPolicy::kBatchInvariant;
   const size_t inv = cuda.workspace_bytes(p);
   p.split_policy = SplitPolicy::kFillDevice;
   EXPECT_GT(cuda.workspace_bytes(p), inv) << describe(cfg) << ": kFillDevice should cut this shape finer";
