@@ -106,5 +106,5 @@ def rng(request):
 
 def torch_or_skip():
     if os.environ.get("MLADCP_NO_TORCH"):
-        pytest.skip("MLADCP_NO_TORCH is set")
+        pytest.skip("MLADCP_NO_TORCH is set", allow_module_level=True)
     return pytest.importorskip("torch", reason="torch is not installed")
