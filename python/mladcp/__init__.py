@@ -16,7 +16,16 @@ from __future__ import annotations
 
 import os as _os
 
-from . import _mladcp
+# torch first when it is installed: it loads the NCCL library it was built with, which the extension (linked
+# against the system NCCL when built with CUDA) then shares instead of loading an older one torch cannot use.
+_torch = None
+if not _os.environ.get("MLADCP_NO_TORCH"):
+    try:
+        import torch as _torch  # noqa: F401
+    except ImportError:
+        _torch = None
+
+from . import _mladcp  # noqa: E402
 from ._frameworks import from_bf16_bits, to_bf16_bits
 from .api import (
     Shard,
@@ -55,11 +64,7 @@ __all__ = [
 
 
 def _register_torch_ops() -> bool:
-    if _os.environ.get("MLADCP_NO_TORCH"):
-        return False
-    try:
-        import torch  # noqa: F401, PLC0415
-    except ImportError:
+    if _os.environ.get("MLADCP_NO_TORCH") or _torch is None:
         return False
     from . import torch_ops  # noqa: PLC0415
 

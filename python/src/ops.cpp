@@ -3,6 +3,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -201,6 +203,27 @@ void decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_t, const Ten
     s = be.decode(p, ctx);
   }
   throw_if_error(s);
+}
+
+// The C++ side of the host-overhead benchmark: the same call as decode(), parsed once, then `iters` calls
+// of Backend::decode timed on the host (enqueue time on a device). Returns nanoseconds per call.
+double time_cpp_decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_t, const Tensor& sl_t,
+                       const MutTensor& out_t, const std::optional<MutTensor>& lse_t, float softmax_scale, int q_len,
+                       const std::string& backend_name, uintptr_t stream, int iters) {
+  DecodeCall call = parse_decode(q_t, kv_t, bt_t, sl_t, out_t, lse_t, softmax_scale, q_len, 1.0f, "e", DcpShard{}, "",
+                                 0, true);
+  const std::string name = backend_name.empty() ? default_backend(call.mem) : backend_name;
+  Backend& be = backend_for(name, call.mem, call.device);
+  DeviceGuard guard(call.mem == Mem::kCuda ? call.device : -1);
+  ExecContext ctx;
+  ctx.stream = reinterpret_cast<void*>(stream);
+  ctx.workspace_size = be.workspace_bytes(call.params);
+  ctx.workspace = workspace(call.mem, call.device, ctx.workspace_size, ctx.stream, "decode");
+  nb::gil_scoped_release release;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) throw_if_error(be.decode(call.params, ctx));
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / std::max(1, iters);
 }
 
 // ---- merge ----------------------------------------------------------------------------------------------
@@ -451,6 +474,8 @@ void register_ops(nb::module_& m) {
   m.def("_decode", &decode, "q"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a, "lse"_a.none(),
         "softmax_scale"_a, "q_len"_a, "kv_scale"_a, "lse_base"_a, "backend"_a, "shard"_a, "split_policy"_a,
         "max_seq_len"_a, "stream"_a, "check_block_ids"_a);
+  m.def("_time_cpp_decode", &time_cpp_decode, "q"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a,
+        "lse"_a.none(), "softmax_scale"_a, "q_len"_a, "backend"_a, "stream"_a, "iters"_a);
   m.def("_merge", &merge, "outs"_a, "lses"_a, "out"_a, "out_lse"_a.none(), "lse_base"_a, "out_lse_base"_a, "stream"_a);
   m.def("_write_kv_cache", &write_kv_cache, "kv_c"_a, "k_pe"_a, "slot_mapping"_a, "kv_cache"_a, "kv_scale"_a,
         "stream"_a);
