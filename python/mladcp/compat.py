@@ -65,13 +65,16 @@ def flash_mla_with_kvcache(
     extra_topk_length: Any = None,
     *,
     kv_scale: float = 1.0,
+    max_seq_len: int = 0,
     backend: Optional[str] = None,
     stream: Any = None,
 ) -> Tuple[Any, Any]:
     """FlashMLA-shaped dense decode: q [B, s_q, h_q, 576] bf16, k_cache [num_blocks, page_block_size, 1, 576]
     (or without the head dimension), block_table [B, max_blocks] int32, cache_seqlens [B] int32.
     Returns (out [B, s_q, h_q, 512] bf16, softmax_lse [B, h_q, s_q] fp32, natural log, +inf for empty rows).
-    An fp8-e4m3 cache takes its per-tensor scale in kv_scale= (mladcp extension)."""
+    mladcp extensions: an fp8-e4m3 cache takes its per-tensor scale in kv_scale=; max_seq_len= bounds
+    cache_seqlens (on a device the default is what the block table can address, which sizes the split-KV
+    grid and workspace for that length)."""
     if head_dim_v != 512:
         raise ValueError(f"invalid_argument: head_dim_v={head_dim_v}: must be 512")
     for name, v in (("indices", indices), ("attn_sink", attn_sink), ("extra_k_cache", extra_k_cache),
@@ -89,7 +92,8 @@ def flash_mla_with_kvcache(
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** (-0.5)
     out, lse = decode(q, k_cache, block_table, cache_seqlens, softmax_scale=softmax_scale, q_len=s_q,
-                      kv_scale=kv_scale, out_dtype="bf16", backend=backend, stream=stream)
+                      kv_scale=kv_scale, out_dtype="bf16", backend=backend, max_seq_len=max_seq_len,
+                      stream=stream)
     # FlashMLA's empty row has lse = +inf; its LSE is [B, h_q, s_q].
     if fw.is_torch(lse):
         lse.masked_fill_(lse == -math.inf, math.inf)
@@ -172,7 +176,10 @@ def trtllm_batch_decode_with_kv_cache_mla(
             raise ValueError("invalid_argument: enable_dcp=True requires causal_seqlens_kv_global (global lengths)")
         shard = Shard(int(cp_world), int(cp_rank), 1)
         global_lens = causal_seqlens_kv_global
-        max_len = 0  # max_seq_len is rank-local under DCP; the block table bounds the global length
+        # max_seq_len is rank-local under DCP: a global length G has ceil(G / W) <= local + 1 positions on
+        # rank 0, so G <= W * (max_seq_len + 1), capped by what the block table addresses.
+        capacity = int(block_tables.shape[1]) * int(kv_cache.shape[1]) * int(cp_world)
+        max_len = min(int(cp_world) * (int(max_seq_len) + 1), capacity) if max_seq_len else 0
     elif cp_world != 1 or cp_rank != 0 or causal_seqlens_kv_global is not None:
         raise ValueError("invalid_argument: cp_world, cp_rank and causal_seqlens_kv_global need enable_dcp=True")
     if lse_base is None:
