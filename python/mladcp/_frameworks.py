@@ -12,17 +12,32 @@ import numpy as np
 
 _torch = None  # the torch module once imported by anyone
 _raw_stream = None  # torch._C._cuda_getCurrentRawStream when present
+_TorchTensor = None  # torch.Tensor (exact type) once torch is imported
+_torch_to_dlpack = None  # torch._C._to_dlpack: a DLPack capsule without Tensor.__dlpack__'s Python checks
 
 
 def torch_module():
     """torch if it has been imported (by the caller or by mladcp), else None. Never imports it."""
-    global _torch, _raw_stream
+    global _torch, _raw_stream, _TorchTensor, _torch_to_dlpack
     if _torch is None:
         t = sys.modules.get("torch")
         if t is not None and hasattr(t, "Tensor"):
             _torch = t
             _raw_stream = getattr(getattr(t, "_C", None), "_cuda_getCurrentRawStream", None)
+            _TorchTensor = t.Tensor
+            _torch_to_dlpack = getattr(getattr(t, "_C", None), "_to_dlpack", None)
     return _torch
+
+
+def to_dl(x: Any) -> Any:
+    """What the C++ calls receive for x: a DLPack capsule for a torch tensor (the fast C-level export;
+    Tensor.__dlpack__ costs several microseconds of Python per tensor), numpy's ml_dtypes arrays as bits,
+    anything else as is (nanobind reads its __dlpack__)."""
+    if type(x) is _TorchTensor and _torch_to_dlpack is not None:
+        return _torch_to_dlpack(x)
+    if x is None:
+        return None
+    return as_dlpack(x)
 
 
 def is_torch(x: Any) -> bool:
@@ -55,7 +70,7 @@ def current_stream(x: Any) -> int:
         if not x.is_cuda:
             return 0
         if _raw_stream is not None:
-            return _raw_stream(x.device.index)
+            return _raw_stream(x.get_device())
         return t.cuda.current_stream(x.device).cuda_stream
     if is_cupy(x):
         import cupy  # noqa: PLC0415

@@ -67,8 +67,8 @@ def decode(
     Raises ValueError (bad shapes, dtypes, strides, devices, values), NotImplementedError (the backend
     cannot do it) or RuntimeError; nothing is written then.
     """
-    q = fw.as_dlpack(q)
-    kv_cache = fw.as_dlpack(kv_cache)
+    if fw._torch is None:
+        fw.torch_module()
     if out is None:
         nd = getattr(q, "ndim", 0)
         if nd not in (3, 4):
@@ -85,10 +85,11 @@ def decode(
         kv_scale = 1.0
     elif not isinstance(kv_scale, (float, int)):
         kv_scale = _host_float(kv_scale, "kv_scale")
+    to_dl = fw.to_dl
     _C._decode(
-        q, kv_cache, block_table, seq_lens, fw.as_dlpack(out), lse, softmax_scale, q_len, kv_scale, lse_base,
-        backend or "", shard if shard is not None else _DEFAULT_SHARD, split_policy or "", max_seq_len,
-        fw.stream_arg(stream, q), check_block_ids,
+        to_dl(q), to_dl(kv_cache), to_dl(block_table), to_dl(seq_lens), to_dl(out), to_dl(lse), softmax_scale, q_len,
+        kv_scale, lse_base, backend or "", shard if shard is not None else _DEFAULT_SHARD, split_policy or "",
+        max_seq_len, fw.stream_arg(stream, q), check_block_ids,
     )
     return out, lse
 
@@ -129,7 +130,9 @@ def merge(
         out_lse = fw.empty_like_framework(outs, tuple(outs.shape[1:3]), "fp32")
     elif out_lse is False:
         out_lse = None
-    _C._merge(outs, lses, fw.as_dlpack(out), out_lse, lse_base, out_lse_base or lse_base, fw.stream_arg(stream, outs))
+    to_dl = fw.to_dl
+    _C._merge(to_dl(outs), to_dl(lses), to_dl(out), to_dl(out_lse), lse_base, out_lse_base or lse_base,
+              fw.stream_arg(stream, outs))
     return out, out_lse
 
 
@@ -154,8 +157,9 @@ def write_kv_cache(
         if getattr(kv_c, "shape", (0, 0))[-1] != 576:
             raise ValueError("invalid_argument: k_pe: None needs kv_c of shape [N, 576]")
         kv_c, k_pe = kv_c[:, :512], kv_c[:, 512:]
-    kv_c, k_pe = fw.as_dlpack(kv_c), fw.as_dlpack(k_pe)
-    _C._write_kv_cache(kv_c, k_pe, slot_mapping, fw.as_dlpack(kv_cache), float(kv_scale), fw.stream_arg(stream, kv_c))
+    to_dl = fw.to_dl
+    _C._write_kv_cache(to_dl(kv_c), to_dl(k_pe), to_dl(slot_mapping), to_dl(kv_cache), float(kv_scale),
+                       fw.stream_arg(stream, kv_c))
 
 
 def compute_slot_mapping(

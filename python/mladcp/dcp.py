@@ -106,7 +106,8 @@ class DcpDecoder:
             lse = fw.empty_like_framework(q, tuple(q.shape[:-1]), "fp32")
         elif lse is False:
             lse = None
-        self._impl.decode(fw.as_dlpack(q), fw.as_dlpack(kv_cache), block_table, seq_lens, fw.as_dlpack(out), lse,
+        to_dl = fw.to_dl
+        self._impl.decode(to_dl(q), to_dl(kv_cache), to_dl(block_table), to_dl(seq_lens), to_dl(out), to_dl(lse),
                           float(softmax_scale), int(q_len), float(kv_scale if kv_scale is not None else 1.0),
                           lse_base, int(max_seq_len), fw.stream_arg(stream, q), bool(check_block_ids))
         return out, lse

@@ -23,8 +23,31 @@ from . import _mladcp as _C
 _registered = False
 
 
+_to_dl = torch._C._to_dlpack  # the C-level DLPack export (Tensor.__dlpack__ adds Python checks)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(t: torch.Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+    if not t.is_cuda:
+        return 0
+    if _raw_stream is not None:
+        return _raw_stream(t.get_device())
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def _dl(t: Optional[torch.Tensor]):
+    return None if t is None else _to_dl(t)
+
+
+_shards = {}
+
+
+def _shard(world: int, rank: int, interleave: int):
+    key = (world, rank, interleave)
+    s = _shards.get(key)
+    if s is None:
+        s = _shards[key] = _C.Shard(world, rank, interleave)
+    return s
 
 
 def _out_dtype(name: str) -> torch.dtype:
@@ -69,8 +92,9 @@ def register() -> bool:
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         out = torch.empty(q.shape[:-1] + (512,), dtype=_out_dtype(out_dtype), device=q.device)
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-        _C._decode(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend,
-                   _C.Shard(world, rank, interleave), split_policy, max_seq_len, _stream(q), True)
+        _C._decode(_dl(q), _dl(kv_cache), _dl(block_table), _dl(seq_lens), _dl(out), _dl(lse), softmax_scale, q_len,
+                   kv_scale, lse_base, backend, _shard(world, rank, interleave), split_policy, max_seq_len, _stream(q),
+                   True)
         return out, lse
 
     @decode.register_fake
@@ -99,8 +123,9 @@ def register() -> bool:
         split_policy: str,
         max_seq_len: int,
     ) -> None:
-        _C._decode(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend,
-                   _C.Shard(world, rank, interleave), split_policy, max_seq_len, _stream(q), True)
+        _C._decode(_dl(q), _dl(kv_cache), _dl(block_table), _dl(seq_lens), _dl(out), _dl(lse), softmax_scale, q_len,
+                   kv_scale, lse_base, backend, _shard(world, rank, interleave), split_policy, max_seq_len, _stream(q),
+                   True)
 
     @decode_out.register_fake
     def _(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend, world,
@@ -113,7 +138,7 @@ def register() -> bool:
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         out = torch.empty(outs.shape[1:], dtype=_merge_dtype(outs, out_dtype), device=outs.device)
         lse = torch.empty(outs.shape[1:3], dtype=torch.float32, device=outs.device)
-        _C._merge(outs, lses, out, lse, lse_base, out_lse_base or lse_base, _stream(outs))
+        _C._merge(_dl(outs), _dl(lses), _dl(out), _dl(lse), lse_base, out_lse_base or lse_base, _stream(outs))
         return out, lse
 
     @merge.register_fake

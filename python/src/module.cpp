@@ -11,6 +11,8 @@ NB_MODULE(_mladcp, m) {
   m.attr("LATENT_DIM") = mladcp::kLatentDim;
   m.attr("ROPE_DIM") = mladcp::kRopeDim;
   m.attr("MAX_Q_LEN") = mladcp::kMaxQLen;
+  // Shard objects live on in module-level caches and in torch's op registry until interpreter exit.
+  nb::set_leak_warnings(false);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
