@@ -1,5 +1,5 @@
-"""torch custom ops over the mladcp calls, registered with torch.library (with fake implementations, so
-that torch.compile traces them and CUDA graphs capture them):
+"""torch custom ops over the mladcp calls, registered with torch.library (schema, an implementation for
+every device, and fake implementations, so that torch.compile traces them and CUDA graphs capture them):
 
   torch.ops.mladcp.decode(q, kv_cache, block_table, seq_lens, softmax_scale, q_len, kv_scale, lse_base,
                           backend, world, rank, interleave, split_policy, max_seq_len, out_dtype)
@@ -20,7 +20,6 @@ import torch
 
 from . import _mladcp as _C
 
-_registered = False
 
 
 _to_dl = torch._C._to_dlpack  # the C-level DLPack export (Tensor.__dlpack__ adds Python checks)
@@ -64,87 +63,71 @@ def _merge_dtype(outs: torch.Tensor, name: str) -> torch.dtype:
     return outs.dtype if outs.dtype in (torch.bfloat16, torch.float32) else torch.float32
 
 
+_lib = None  # the torch.library.Library holding the ops (kept alive for the process)
+
+_SCHEMAS = {
+    "decode": "decode(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, float softmax_scale, int q_len, "
+              "float kv_scale, str lse_base, str backend, int world, int rank, int interleave, str split_policy, "
+              "int max_seq_len, str out_dtype) -> (Tensor, Tensor)",
+    "decode_out": "decode_out(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor(a!) out, "
+                  "Tensor(b!)? lse, float softmax_scale, int q_len, float kv_scale, str lse_base, str backend, "
+                  "int world, int rank, int interleave, str split_policy, int max_seq_len) -> ()",
+    "merge": "merge(Tensor outs, Tensor lses, str lse_base, str out_lse_base, str out_dtype) -> (Tensor, Tensor)",
+}
+
+
+def _decode(q, kv_cache, block_table, seq_lens, softmax_scale, q_len, kv_scale, lse_base, backend, world, rank,
+            interleave, split_policy, max_seq_len, out_dtype):
+    out = torch.empty(q.shape[:-1] + (512,), dtype=_out_dtype(out_dtype), device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    _C._decode(_dl(q), _dl(kv_cache), _dl(block_table), _dl(seq_lens), _dl(out), _dl(lse), softmax_scale, q_len,
+               kv_scale, lse_base, backend, _shard(world, rank, interleave), split_policy, max_seq_len, _stream(q), True)
+    return out, lse
+
+
+def _decode_fake(q, kv_cache, block_table, seq_lens, softmax_scale, q_len, kv_scale, lse_base, backend, world, rank,
+                 interleave, split_policy, max_seq_len, out_dtype):
+    return (q.new_empty(q.shape[:-1] + (512,), dtype=_out_dtype(out_dtype)),
+            q.new_empty(q.shape[:-1], dtype=torch.float32))
+
+
+def _decode_out(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend,
+                world, rank, interleave, split_policy, max_seq_len):
+    _C._decode(_dl(q), _dl(kv_cache), _dl(block_table), _dl(seq_lens), _dl(out), _dl(lse), softmax_scale, q_len,
+               kv_scale, lse_base, backend, _shard(world, rank, interleave), split_policy, max_seq_len, _stream(q), True)
+
+
+def _decode_out_fake(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend,
+                     world, rank, interleave, split_policy, max_seq_len):
+    return None
+
+
+def _merge(outs, lses, lse_base, out_lse_base, out_dtype):
+    out = torch.empty(outs.shape[1:], dtype=_merge_dtype(outs, out_dtype), device=outs.device)
+    lse = torch.empty(outs.shape[1:3], dtype=torch.float32, device=outs.device)
+    _C._merge(_dl(outs), _dl(lses), _dl(out), _dl(lse), lse_base, out_lse_base or lse_base, _stream(outs))
+    return out, lse
+
+
+def _merge_fake(outs, lses, lse_base, out_lse_base, out_dtype):
+    return (outs.new_empty(outs.shape[1:], dtype=_merge_dtype(outs, out_dtype)),
+            outs.new_empty(outs.shape[1:3], dtype=torch.float32))
+
+
 def register() -> bool:
-    """Registers the ops once per process; returns True when they are (torch >= 2.4)."""
-    global _registered
-    if _registered:
+    """Registers the ops once per process (torch.library.Library: define, a CompositeExplicitAutograd
+    implementation for every device, and a fake implementation); returns True when they are registered.
+    The low-level registration costs a few microseconds per call where torch.library.custom_op costs tens."""
+    global _lib
+    if _lib is not None:
         return True
-    if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
+    if not hasattr(torch.library, "register_fake"):
         return False
-
-    @torch.library.custom_op("mladcp::decode", mutates_args=())
-    def decode(
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        block_table: torch.Tensor,
-        seq_lens: torch.Tensor,
-        softmax_scale: float,
-        q_len: int,
-        kv_scale: float,
-        lse_base: str,
-        backend: str,
-        world: int,
-        rank: int,
-        interleave: int,
-        split_policy: str,
-        max_seq_len: int,
-        out_dtype: str,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        out = torch.empty(q.shape[:-1] + (512,), dtype=_out_dtype(out_dtype), device=q.device)
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-        _C._decode(_dl(q), _dl(kv_cache), _dl(block_table), _dl(seq_lens), _dl(out), _dl(lse), softmax_scale, q_len,
-                   kv_scale, lse_base, backend, _shard(world, rank, interleave), split_policy, max_seq_len, _stream(q),
-                   True)
-        return out, lse
-
-    @decode.register_fake
-    def _(q, kv_cache, block_table, seq_lens, softmax_scale, q_len, kv_scale, lse_base, backend, world, rank,
-          interleave, split_policy, max_seq_len, out_dtype):
-        out = q.new_empty(q.shape[:-1] + (512,), dtype=_out_dtype(out_dtype))
-        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-        return out, lse
-
-    @torch.library.custom_op("mladcp::decode_out", mutates_args=("out", "lse"))
-    def decode_out(
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        block_table: torch.Tensor,
-        seq_lens: torch.Tensor,
-        out: torch.Tensor,
-        lse: Optional[torch.Tensor],
-        softmax_scale: float,
-        q_len: int,
-        kv_scale: float,
-        lse_base: str,
-        backend: str,
-        world: int,
-        rank: int,
-        interleave: int,
-        split_policy: str,
-        max_seq_len: int,
-    ) -> None:
-        _C._decode(_dl(q), _dl(kv_cache), _dl(block_table), _dl(seq_lens), _dl(out), _dl(lse), softmax_scale, q_len,
-                   kv_scale, lse_base, backend, _shard(world, rank, interleave), split_policy, max_seq_len, _stream(q),
-                   True)
-
-    @decode_out.register_fake
-    def _(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend, world,
-          rank, interleave, split_policy, max_seq_len):
-        return None
-
-    @torch.library.custom_op("mladcp::merge", mutates_args=())
-    def merge(
-        outs: torch.Tensor, lses: torch.Tensor, lse_base: str, out_lse_base: str, out_dtype: str
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        out = torch.empty(outs.shape[1:], dtype=_merge_dtype(outs, out_dtype), device=outs.device)
-        lse = torch.empty(outs.shape[1:3], dtype=torch.float32, device=outs.device)
-        _C._merge(_dl(outs), _dl(lses), _dl(out), _dl(lse), lse_base, out_lse_base or lse_base, _stream(outs))
-        return out, lse
-
-    @merge.register_fake
-    def _(outs, lses, lse_base, out_lse_base, out_dtype):
-        return (outs.new_empty(outs.shape[1:], dtype=_merge_dtype(outs, out_dtype)),
-                outs.new_empty(outs.shape[1:3], dtype=torch.float32))
-
-    _registered = True
+    lib = torch.library.Library("mladcp", "DEF")
+    for name, impl, fake in (("decode", _decode, _decode_fake), ("decode_out", _decode_out, _decode_out_fake),
+                             ("merge", _merge, _merge_fake)):
+        lib.define(_SCHEMAS[name])
+        lib.impl(name, impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"mladcp::{name}", fake, lib=lib)
+    _lib = lib
     return True
