@@ -26,7 +26,11 @@ def cuda_case(case, device="cuda"):
 
 
 def test_workspace_is_never_allocated_during_capture(rng):
-    """First CUDA call of this process, inside a capture: it needs workspace, so it must refuse (and say why)."""
+    """A call that needs more workspace than any call before it in this process, inside a capture: it must
+    refuse (and say why) instead of allocating."""
+    small = make_case(rng, batch=1, heads=16, lens=(64,), block_size=64)
+    mladcp.decode(*cuda_case(small), softmax_scale=small.scale)  # creates the backend outside capture
+    torch.cuda.synchronize()
     case = make_case(rng, batch=4, heads=128, lens=(16000,) * 4, q_len=1, block_size=64, spare_blocks=0)
     q, kv, bt, sl = cuda_case(case)
     out = torch.empty(q.shape[0], 128, 512, dtype=torch.bfloat16, device="cuda")

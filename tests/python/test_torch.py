@@ -126,3 +126,19 @@ def test_bad_torch_inputs_raise_and_write_nothing(rng):
         with pytest.raises((ValueError, NotImplementedError), match=msg):
             mladcp.decode(a["q"], a["kv"], a["bt"], a["sl"], softmax_scale=case.scale, out=a["out"], lse=lse)
         assert (out == 3.0).all() and (lse == 3.0).all()
+
+
+def test_dcp_decoder_refuses_a_group_it_cannot_use(tmp_path):
+    """No torch.distributed group, or a group without NCCL (gloo): ValueError naming the way out."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized")
+    with pytest.raises(ValueError, match="not initialized"):
+        mladcp.DcpDecoder()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="NCCL group"):
+            mladcp.DcpDecoder(dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
