@@ -82,6 +82,11 @@ def _compute_slot_mapping(seq_ids: Annotated[NDArray, dict(writable=False)], pos
 
 def _backends() -> list: ...
 
+def _workspace_info(device: int) -> tuple[int, int]:
+    """
+    (bytes held, buffers outgrown) of the decode workspace on a CUDA device
+    """
+
 def _best_available_backend() -> str: ...
 
 def _device_count() -> int: ...

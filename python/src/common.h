@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "mladcp/device_memory.h"
 #include "mladcp/mladcp.h"
@@ -86,6 +87,9 @@ std::string default_backend(Mem mem);
 // needs more; growing during CUDA-graph capture is refused with a message. The pointer stays valid
 // until the next call that grows it.
 void* workspace(Mem mem, int device, size_t bytes, void* stream, const char* what);
+
+// (bytes held, buffers outgrown) of the device workspace of `device`.
+std::pair<size_t, size_t> workspace_info(int device);
 
 std::optional<LseBase> parse_lse_base(const std::string& s);
 std::optional<SplitPolicy> parse_split_policy(const std::string& s);

@@ -1,5 +1,6 @@
 // decode, merge, write_kv_cache, slot mapping, the backend table and Shard.
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -482,6 +483,8 @@ void register_ops(nb::module_& m) {
   m.def("_compute_slot_mapping", &compute_slot_mapping, "seq_ids"_a, "positions"_a, "block_table"_a, "block_size"_a,
         "num_blocks"_a, "shard"_a, "out"_a);
   m.def("_backends", &backends);
+  m.def("_workspace_info", &workspace_info, "device"_a,
+        "(bytes held, buffers outgrown) of the decode workspace on a CUDA device");
   m.def("_best_available_backend", &best_available_backend);
   m.def("_device_count", []() -> int {
     int n = 0;

@@ -249,6 +249,13 @@ void* workspace(Mem mem, int device, size_t bytes, void* stream, const char* wha
   return ws.current.data();
 }
 
+std::pair<size_t, size_t> workspace_info(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_device_ws.find(device);
+  if (it == g_device_ws.end()) return {0, 0};
+  return {it->second.current.size(), it->second.retired.size()};
+}
+
 std::optional<LseBase> parse_lse_base(const std::string& s) {
   if (s == "e" || s == "E" || s == "ln") return LseBase::kE;
   if (s == "2" || s == "log2") return LseBase::k2;

@@ -90,6 +90,19 @@ def test_current_stream_explicit_stream_and_graph_replay(rng):
     np.testing.assert_allclose(lse.cpu().numpy(), rl2, atol=1e-3)
 
 
+def test_workspace_is_allocated_once_and_reused(rng):
+    case = make_case(rng, batch=2, heads=64, lens=(3000, 2000), block_size=64)
+    q, kv, bt, sl = cuda_case(case)
+    out = torch.empty(2, 64, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(2, 64, device="cuda")
+    mladcp.decode(q, kv, bt, sl, softmax_scale=case.scale, out=out, lse=lse)
+    held = mladcp._mladcp._workspace_info(q.get_device())
+    for _ in range(20):
+        mladcp.decode(q, kv, bt, sl, softmax_scale=case.scale, out=out, lse=lse)
+    assert mladcp._mladcp._workspace_info(q.get_device()) == held
+    torch.cuda.synchronize()
+
+
 def test_custom_ops_on_cuda(rng):
     case = make_case(rng, batch=2, heads=16, lens=(100, 30), block_size=64)
     q, kv, bt, sl = cuda_case(case)
