@@ -114,3 +114,16 @@ def test_flashinfer_fp8_scales(rng):
     np.testing.assert_array_equal(out, ro)
     np.testing.assert_allclose(lse, rl.reshape(B, H), rtol=1e-6)
     assert math.isfinite(float(lse.max()))
+
+
+def test_type_stubs_match_the_extension():
+    """Every function and class the extension's .pyi declares exists, and every callable of the extension is
+    declared (the stub ships with the package next to py.typed)."""
+    pkg = os.path.dirname(mladcp.__file__)
+    stub = open(os.path.join(pkg, "_mladcp.pyi")).read()
+    declared = set(re.findall(r"^(?:def|class) (\w+)", stub, re.M))
+    assert declared and os.path.exists(os.path.join(pkg, "py.typed"))
+    for name in declared:
+        assert hasattr(mladcp._mladcp, name), name
+    callables = {n for n in dir(mladcp._mladcp) if not n.startswith("__") and callable(getattr(mladcp._mladcp, n))}
+    assert callables <= declared, callables - declared
