@@ -153,6 +153,41 @@ def test_device_mismatch_and_fp8_cache(rng):
     np.testing.assert_allclose(l8.cpu().numpy(), rl, atol=1e-3)
 
 
+@pytest.mark.parametrize("adopt", [True, False])
+def test_dcp_decoder_over_a_one_rank_nccl_group(rng, tmp_path, adopt):
+    """DcpDecoder on a torch.distributed NCCL group of one rank: adopting torch's communicator (when torch
+    exposes it) or bootstrapping its own; equals mladcp.decode; tensors on another device than the
+    communicator's are refused and nothing is written."""
+    import torch.distributed as dist
+
+    if not mladcp._mladcp._nccl_available():
+        pytest.skip("this build of mladcp has no NCCL communicator")
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized")
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
+                            device_id=torch.device("cuda", torch.cuda.current_device()))
+    try:
+        dec = mladcp.DcpDecoder(adopt_communicator=adopt, merge="a2a")
+        print(f"adopt={adopt}: adopted torch's communicator: {dec.adopted}")
+        assert (dec.world, dec.rank, dec.communicator, dec.backend) == (1, 0, "nccl", "cuda")
+        case = make_case(rng, batch=3, heads=16, lens=(500, 2, 0), q_len=2, block_size=64)
+        q, kv, bt, sl = cuda_case(case)
+        out, lse = dec.decode(q, kv, bt, sl, softmax_scale=case.scale, q_len=2, lse=True, out_dtype="fp32")
+        torch.cuda.synchronize()
+        ro, rl = reference(case)
+        np.testing.assert_allclose(out.cpu().numpy(), ro, atol=2e-3)
+        np.testing.assert_allclose(lse.cpu().numpy(), rl, atol=1e-3)
+        host_out = np.full((6, 16, 512), 3.0, np.float32)
+        with pytest.raises(ValueError, match="communicator"):
+            dec.decode(case.q, case.kv, case.block_table, case.seq_lens, softmax_scale=case.scale, q_len=2,
+                       out=host_out)
+        assert (host_out == 3.0).all()
+        del dec
+    finally:
+        torch.cuda.synchronize()
+        dist.destroy_process_group()
+
+
 def _flash_mla():
     path = os.environ.get("MLADCP_FLASHMLA_PATH")
     if path:
