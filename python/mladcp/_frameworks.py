@@ -14,11 +14,13 @@ _torch = None  # the torch module once imported by anyone
 _raw_stream = None  # torch._C._cuda_getCurrentRawStream when present
 _TorchTensor = None  # torch.Tensor (exact type) once torch is imported
 _torch_to_dlpack = None  # torch._C._to_dlpack: a DLPack capsule without Tensor.__dlpack__'s Python checks
+_torch_fp8 = None  # torch.float8_e4m3fn, exported as uint8 bits (DLPack's fp8 codes are recent in torch)
+_torch_u8 = None
 
 
 def torch_module():
     """torch if it has been imported (by the caller or by mladcp), else None. Never imports it."""
-    global _torch, _raw_stream, _TorchTensor, _torch_to_dlpack
+    global _torch, _raw_stream, _TorchTensor, _torch_to_dlpack, _torch_fp8, _torch_u8
     if _torch is None:
         t = sys.modules.get("torch")
         if t is not None and hasattr(t, "Tensor"):
@@ -26,6 +28,8 @@ def torch_module():
             _raw_stream = getattr(getattr(t, "_C", None), "_cuda_getCurrentRawStream", None)
             _TorchTensor = t.Tensor
             _torch_to_dlpack = getattr(getattr(t, "_C", None), "_to_dlpack", None)
+            _torch_fp8 = getattr(t, "float8_e4m3fn", None)
+            _torch_u8 = t.uint8
     return _torch
 
 
@@ -34,6 +38,8 @@ def to_dl(x: Any) -> Any:
     Tensor.__dlpack__ costs several microseconds of Python per tensor), numpy's ml_dtypes arrays as bits,
     anything else as is (nanobind reads its __dlpack__)."""
     if type(x) is _TorchTensor and _torch_to_dlpack is not None:
+        if x.dtype is _torch_fp8:
+            x = x.view(_torch_u8)
         return _torch_to_dlpack(x)
     if x is None:
         return None

@@ -34,8 +34,15 @@ def _stream(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
+_fp8 = getattr(torch, "float8_e4m3fn", None)
+
+
 def _dl(t: Optional[torch.Tensor]):
-    return None if t is None else _to_dl(t)
+    if t is None:
+        return None
+    if t.dtype is _fp8:  # fp8 crosses as its uint8 bits (DLPack's fp8 codes are recent in torch)
+        t = t.view(torch.uint8)
+    return _to_dl(t)
 
 
 _shards = {}

@@ -142,3 +142,22 @@ def test_dcp_decoder_refuses_a_group_it_cannot_use(tmp_path):
             mladcp.DcpDecoder(dist.group.WORLD)
     finally:
         dist.destroy_process_group()
+
+
+def test_fp8_torch_cache(rng):
+    """A torch float8_e4m3fn cache written by write_kv_cache decodes like the oracle on its bits."""
+    vals = torch.from_numpy(rng.standard_normal((70, 576)).astype(np.float32))
+    cache = torch.full((3, 64, 576), float("nan")).to(torch.float8_e4m3fn)
+    bt = torch.tensor([[2, 0]], dtype=torch.int32)
+    slots = mladcp.compute_slot_mapping(torch.zeros(70, dtype=torch.int32), torch.arange(70), bt, 64)
+    mladcp.write_kv_cache(vals[:, :512], vals[:, 512:], slots, cache, kv_scale=0.5)
+    q = torch.randn(1, 16, 576).bfloat16()
+    sl = torch.tensor([70], dtype=torch.int32)
+    out, lse = mladcp.decode(q, cache, bt, sl, softmax_scale=0.07, kv_scale=0.5, out_dtype="fp32")
+    ro, rl = mladcp.decode(q.view(torch.int16).numpy().view(np.uint16), cache.view(torch.uint8).numpy(), bt.numpy(),
+                           sl.numpy(), softmax_scale=0.07, kv_scale=0.5, out_dtype="fp32", backend="cpu-reference")
+    np.testing.assert_allclose(out.numpy(), ro, atol=2e-3)
+    np.testing.assert_allclose(lse.numpy(), rl, atol=1e-4)
+    o2, l2 = torch.ops.mladcp.decode(q, cache, bt, sl, 0.07, 1, 0.5, "e", "", 1, 0, 1, "", 0, "fp32")
+    assert torch.equal(o2, out) and torch.equal(l2, lse)
+    np.testing.assert_allclose((cache[2, :64].float() * 0.5).numpy(), vals[:64].numpy(), rtol=0.07, atol=0.02)
