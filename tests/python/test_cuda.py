@@ -182,6 +182,19 @@ def test_dcp_decoder_over_a_one_rank_nccl_group(rng, tmp_path, adopt):
             dec.decode(case.q, case.kv, case.block_table, case.seq_lens, softmax_scale=case.scale, q_len=2,
                        out=host_out)
         assert (host_out == 3.0).all()
+        # The whole step captured in a CUDA graph (after the warm-up above) and replayed on new queries.
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            dec.decode(q, kv, bt, sl, softmax_scale=case.scale, q_len=2, out=out, lse=lse)
+        case2 = make_case(rng, batch=3, heads=16, lens=(500, 2, 0), q_len=2, block_size=64)
+        q.copy_(cuda_case(case2)[0])
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        case.q = case2.q
+        ro2, rl2 = reference(case)
+        np.testing.assert_allclose(out.cpu().numpy(), ro2, atol=2e-3)
+        np.testing.assert_allclose(lse.cpu().numpy(), rl2, atol=1e-3)
         del dec
     finally:
         torch.cuda.synchronize()
