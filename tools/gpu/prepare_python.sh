@@ -5,6 +5,6 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 mkdir -p "$root/.whl"
-python3 -m pip download --quiet --only-binary=:all: --python-version 3 --no-deps -d "$root/.whl" \
+python3 -m pip download --quiet --only-binary=:all: --no-deps -d "$root/.whl" \
   nanobind pytest iniconfig pluggy packaging
 ls -la "$root/.whl"
