@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Downloads the wheels the Python module's build and tests need (nanobind, pytest and its dependencies; all
-# pure Python; the last three only matter below Python 3.11) into .whl/ (git-ignored), so that they travel with the working tree to the GPU machine, which
-# has torch and numpy but no network. tools/gpu/run_python.sh installs them from there.
+# Downloads the wheels the Python module's build and tests need (nanobind, pytest and its dependencies, all
+# pure Python; exceptiongroup and tomli matter only below Python 3.11) into .whl/ (git-ignored), so that they
+# travel with the working tree to the GPU machine, which has torch and numpy but no network.
+# tools/gpu/run_python.sh installs them from there.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 mkdir -p "$root/.whl"
