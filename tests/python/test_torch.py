@@ -161,3 +161,20 @@ def test_fp8_torch_cache(rng):
     o2, l2 = torch.ops.mladcp.decode(q, cache, bt, sl, 0.07, 1, 0.5, "e", "", 1, 0, 1, "", 0, "fp32")
     assert torch.equal(o2, out) and torch.equal(l2, lse)
     np.testing.assert_allclose((cache[2, :64].float() * 0.5).numpy(), vals[:64].numpy(), rtol=0.07, atol=0.02)
+
+
+def test_readme_python_example_runs_on_cpu():
+    """The README's torch example, with its tensors on the host instead of the GPU."""
+    import os
+    import re
+
+    readme = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")).read()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    example = next(b for b in blocks if "mladcp.decode(" in b)
+    code = example.replace('device="cuda"', 'device="cpu"').replace("L, bs = 4, 16, 4096, 64", "L, bs = 2, 16, 256, 64")
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102
+    out, lse, o, l = scope["out"], scope["lse"], scope["o"], scope["l"]
+    assert out.shape == (2, 16, 512) and lse.shape == (2, 16)
+    torch.testing.assert_close(l, lse + math.log(2.0))
+    torch.testing.assert_close(o.float(), out.float(), atol=1e-2, rtol=1e-2)
