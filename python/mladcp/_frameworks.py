@@ -33,6 +33,15 @@ def torch_module():
     return _torch
 
 
+def to_dl_plain(x: Any) -> Any:
+    """to_dl for tensors that cannot be fp8 (queries, outputs, LSE, indices): one type test fewer."""
+    if type(x) is _TorchTensor and _torch_to_dlpack is not None:
+        return _torch_to_dlpack(x)
+    if x is None:
+        return None
+    return as_dlpack(x)
+
+
 def to_dl(x: Any) -> Any:
     """What the C++ calls receive for x: a DLPack capsule for a torch tensor (the fast C-level export;
     Tensor.__dlpack__ costs several microseconds of Python per tensor), numpy's ml_dtypes arrays as bits,

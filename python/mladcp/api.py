@@ -85,11 +85,11 @@ def decode(
         kv_scale = 1.0
     elif not isinstance(kv_scale, (float, int)):
         kv_scale = _host_float(kv_scale, "kv_scale")
-    to_dl = fw.to_dl
+    dl = fw.to_dl_plain
     _C._decode(
-        to_dl(q), to_dl(kv_cache), to_dl(block_table), to_dl(seq_lens), to_dl(out), to_dl(lse), softmax_scale, q_len,
-        kv_scale, lse_base, backend or "", shard if shard is not None else _DEFAULT_SHARD, split_policy or "",
-        max_seq_len, fw.stream_arg(stream, q), check_block_ids,
+        dl(q), fw.to_dl(kv_cache), dl(block_table), dl(seq_lens), dl(out), dl(lse), softmax_scale, q_len, kv_scale,
+        lse_base, backend or "", shard if shard is not None else _DEFAULT_SHARD, split_policy or "", max_seq_len,
+        fw.stream_arg(stream, q), check_block_ids,
     )
     return out, lse
 
