@@ -21,7 +21,9 @@ trtllm_batch_decode_with_kv_cache_mla (FlashInfer, the call of vLLM's FLASHINFER
     are not read; mladcp takes the global lengths (causal_seqlens_kv_global) and the shard
     Shard(cp_world, cp_rank, interleave 1) and derives the local lengths and the causal rule itself.
     return_lse=True is required, as in FlashInfer.
-  * workspace_buffer is accepted and not used (mladcp keeps its own workspace per device).
+  * workspace_buffer is accepted and not used (mladcp keeps its own workspace per device); so are enable_pdl,
+    is_var_seq, max_q_len and cute_dsl_impl, and skip_softmax_threshold_scale_factor (mladcp computes the
+    exact softmax).
 """
 from __future__ import annotations
 
@@ -151,6 +153,9 @@ def trtllm_batch_decode_with_kv_cache_mla(
         raise NotImplementedError("unsupported: sparse_mla_top_k: sparse MLA is not implemented by mladcp")
     if sinks is not None:
         raise NotImplementedError("unsupported: sinks: attention sinks are not implemented by mladcp")
+    if not uses_shared_paged_kv_idx:
+        raise NotImplementedError("unsupported: uses_shared_paged_kv_idx=False: MLA has one latent cache; separate "
+                                  "K and V page indices are not implemented")
     if cum_seq_lens_q is not None:
         raise NotImplementedError("unsupported: cum_seq_lens_q: variable q_len per request is not implemented")
     if getattr(query, "ndim", 0) != 4:
