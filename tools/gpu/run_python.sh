@@ -17,7 +17,7 @@ stages=("$@")
 want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 out="${OUT:-$root/out/python}"
 mkdir -p "$out"
-build="$root/build/gpu-python"
+build="$(realpath -m "${MLADCP_PY_BUILD:-$root/build/gpu-python}")"  # MLADCP_PY_BUILD: an existing build folder
 status=()
 note() { status+=("$1"); echo "== $1"; }
 
@@ -40,11 +40,11 @@ export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 [ -d "$root/.peers/flashmla" ] && export MLADCP_FLASHMLA_PATH="$root/.peers/flashmla"
 if want test; then
   (cd tests/python && timeout 400 python3 -m pytest -q -p no:cacheprovider -rs -s .) >"$out/pytest.log" 2>&1
-  note "pytest: $(grep -E '[0-9]+ (passed|failed)' "$out/pytest.log" | tail -n 1)"
+  note "pytest: $(grep -E '[0-9]+ (passed|failed|skipped)|rror' "$out/pytest.log" | tail -n 1)"
   grep -E "^(FAILED|ERROR|SKIPPED)|empty row:" "$out/pytest.log" | head -n 20
 fi
 if want dcp; then
-  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
   for n in $(seq 1 "$gpus" | awk '$1 == 1 || $1 == 2 || $1 == '"$gpus"'' | sort -un); do
     for merge in a2a ag-rs; do
       timeout 120 torchrun --standalone --nproc-per-node "$n" examples/python/dcp_decode.py --heads 128 \
