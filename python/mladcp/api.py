@@ -85,11 +85,26 @@ def decode(
         kv_scale = 1.0
     elif not isinstance(kv_scale, (float, int)):
         kv_scale = _host_float(kv_scale, "kv_scale")
+    shard = shard if shard is not None else _DEFAULT_SHARD
+    T = fw._TorchTensor
+    if T is not None and type(q) is T and fw._torch_to_dlpack is not None:
+        # torch fast path (the common engine call): C-level capsules, the raw current stream.
+        td = fw._torch_to_dlpack
+        if stream is None:
+            s = fw._raw_stream(q.get_device()) if (q.is_cuda and fw._raw_stream is not None) else fw.current_stream(q)
+        else:
+            s = fw.stream_arg(stream, q)
+        _C._decode(
+            td(q), fw.to_dl(kv_cache), td(block_table) if type(block_table) is T else fw.to_dl(block_table),
+            td(seq_lens) if type(seq_lens) is T else fw.to_dl(seq_lens), td(out) if type(out) is T else fw.to_dl(out),
+            None if lse is None else (td(lse) if type(lse) is T else fw.to_dl(lse)), softmax_scale, q_len, kv_scale,
+            lse_base, backend or "", shard, split_policy or "", max_seq_len, s, check_block_ids,
+        )
+        return out, lse
     dl = fw.to_dl_plain
     _C._decode(
         dl(q), fw.to_dl(kv_cache), dl(block_table), dl(seq_lens), dl(out), dl(lse), softmax_scale, q_len, kv_scale,
-        lse_base, backend or "", shard if shard is not None else _DEFAULT_SHARD, split_policy or "", max_seq_len,
-        fw.stream_arg(stream, q), check_block_ids,
+        lse_base, backend or "", shard, split_policy or "", max_seq_len, fw.stream_arg(stream, q), check_block_ids,
     )
     return out, lse
 
