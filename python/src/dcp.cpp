@@ -185,8 +185,8 @@ PyDcpDecoder* from_nccl_comm(uintptr_t comm_ptr, int device, uintptr_t stream, c
 
 // `broadcast(id: bytes | None) -> bytes`: called on every rank, with rank 0's fresh unique id on rank 0
 // (None elsewhere); returns rank 0's id on every rank.
-PyDcpDecoder* from_nccl_bootstrap(int rank, int world, const std::function<nb::bytes(nb::object)>& broadcast, int device,
-                                  uintptr_t stream, const std::string& backend, const std::string& merge,
+PyDcpDecoder* from_nccl_bootstrap(int rank, int world, const std::function<nb::bytes(nb::object)>& broadcast,
+                                  int device, uintptr_t stream, const std::string& backend, const std::string& merge,
                                   int interleave, double deadline_s) {
 #if MLADCP_PY_NCCL
   NcclOptions options;
@@ -218,15 +218,14 @@ PyDcpDecoder* from_nccl_bootstrap(int rank, int world, const std::function<nb::b
 void register_dcp(nb::module_& m) {
   using namespace nb::literals;
   nb::class_<PyDcpDecoder>(m, "_DcpDecoder")
-      .def_static("from_mpi", &from_mpi, "handle"_a, "backend"_a, "merge"_a, "interleave"_a, "deadline_s"_a,
-                  "agree"_a, nb::rv_policy::take_ownership)
+      .def_static("from_mpi", &from_mpi, "handle"_a, "backend"_a, "merge"_a, "interleave"_a, "deadline_s"_a, "agree"_a,
+                  nb::rv_policy::take_ownership)
       .def_static("from_nccl_comm", &from_nccl_comm, "comm_ptr"_a, "device"_a, "stream"_a, "backend"_a, "merge"_a,
                   "interleave"_a, "deadline_s"_a, nb::rv_policy::take_ownership)
       .def_static("from_nccl_bootstrap", &from_nccl_bootstrap, "rank"_a, "world"_a, "broadcast"_a, "device"_a,
                   "stream"_a, "backend"_a, "merge"_a, "interleave"_a, "deadline_s"_a, nb::rv_policy::take_ownership)
-      .def("decode", &PyDcpDecoder::decode, "q"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a,
-           "lse"_a.none(), "softmax_scale"_a, "q_len"_a, "kv_scale"_a, "lse_base"_a, "max_seq_len"_a, "stream"_a,
-           "check_block_ids"_a)
+      .def("decode", &PyDcpDecoder::decode, "q"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a, "lse"_a.none(),
+           "softmax_scale"_a, "q_len"_a, "kv_scale"_a, "lse_base"_a, "max_seq_len"_a, "stream"_a, "check_block_ids"_a)
       .def_prop_ro("world", &PyDcpDecoder::world)
       .def_prop_ro("rank", &PyDcpDecoder::rank)
       .def_prop_ro("shard", &PyDcpDecoder::shard)

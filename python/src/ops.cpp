@@ -100,14 +100,14 @@ DecodeCall parse_decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_
   DecodeCall call;
   int& device = call.device;
   const Mem mem = call.mem = lse_t ? common_memory({&q, &kv, &bt, &sl, &out, &lse}, &device)
-                        : common_memory({&q, &kv, &bt, &sl, &out}, &device);
+                                   : common_memory({&q, &kv, &bt, &sl, &out}, &device);
 
   check_size(q, q.ndim - 1, kQkDim, "the query width [q_nope·W_UK | q_pe]");
   const Tokens qt = token_layout(q, q.ndim - 2, q_len, q_shape);
   const int64_t H = q.shape[q.ndim - 2];
   if (qt.count % q_len != 0)
-    throw_invalid("q: " + describe_shape(q) + ": " + std::to_string(qt.count) + " tokens is not a multiple of q_len=" +
-                  std::to_string(q_len));
+    throw_invalid("q: " + describe_shape(q) + ": " + std::to_string(qt.count) +
+                  " tokens is not a multiple of q_len=" + std::to_string(q_len));
   const int64_t B = qt.count / q_len;
   if (kv.ndim == 4) check_size(kv, 2, 1, "the number of KV heads (MLA has one)");
   check_size(kv, kv.ndim - 1, kQkDim, "the latent width [kv_c | k_pe]");
@@ -211,8 +211,8 @@ void decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_t, const Ten
 double time_cpp_decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_t, const Tensor& sl_t,
                        const MutTensor& out_t, const std::optional<MutTensor>& lse_t, float softmax_scale, int q_len,
                        const std::string& backend_name, uintptr_t stream, int iters) {
-  DecodeCall call = parse_decode(q_t, kv_t, bt_t, sl_t, out_t, lse_t, softmax_scale, q_len, 1.0f, "e", DcpShard{}, "",
-                                 0, true);
+  DecodeCall call =
+      parse_decode(q_t, kv_t, bt_t, sl_t, out_t, lse_t, softmax_scale, q_len, 1.0f, "e", DcpShard{}, "", 0, true);
   const std::string name = backend_name.empty() ? default_backend(call.mem) : backend_name;
   Backend& be = backend_for(name, call.mem, call.device);
   DeviceGuard guard(call.mem == Mem::kCuda ? call.device : -1);
@@ -229,8 +229,9 @@ double time_cpp_decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_t
 
 // ---- merge ----------------------------------------------------------------------------------------------
 
-void merge(const Tensor& outs_t, const Tensor& lses_t, const MutTensor& out_t, const std::optional<MutTensor>& out_lse_t,
-           const std::string& in_base, const std::string& out_base, uintptr_t stream) {
+void merge(const Tensor& outs_t, const Tensor& lses_t, const MutTensor& out_t,
+           const std::optional<MutTensor>& out_lse_t, const std::string& in_base, const std::string& out_base,
+           uintptr_t stream) {
   View outs = view_of("outs", outs_t), lses = view_of("lses", lses_t), out = view_of("out", out_t), out_lse;
   if (out_lse_t) out_lse = view_of("out_lse", *out_lse_t);
   require_ndim(outs, 4, 4, "[N, T, H, D]");
@@ -248,12 +249,13 @@ void merge(const Tensor& outs_t, const Tensor& lses_t, const MutTensor& out_t, c
     require_last_contiguous(out_lse, "[T, H] fp32 with contiguous heads");
   }
   int device = -1;
-  const Mem mem = out_lse_t ? common_memory({&outs, &lses, &out, &out_lse}, &device)
-                            : common_memory({&outs, &lses, &out}, &device);
+  const Mem mem =
+      out_lse_t ? common_memory({&outs, &lses, &out, &out_lse}, &device) : common_memory({&outs, &lses, &out}, &device);
   for (int d = 0; d < 3; ++d) check_size(lses, d, outs.shape[d], "the matching dimension of outs [N, T, H, D]");
   for (int d = 0; d < 3; ++d) check_size(out, d, outs.shape[d + 1], "the matching dimension of outs [N, T, H, D]");
   if (out_lse_t)
-    for (int d = 0; d < 2; ++d) check_size(out_lse, d, outs.shape[d + 1], "the matching dimension of outs [N, T, H, D]");
+    for (int d = 0; d < 2; ++d)
+      check_size(out_lse, d, outs.shape[d + 1], "the matching dimension of outs [N, T, H, D]");
 
   MergeParams p;
   p.num_states = int(outs.shape[0]);
@@ -320,7 +322,8 @@ void write_kv_cache(const Tensor& kv_c_t, const Tensor& k_pe_t, const Tensor& sl
   if (cache.ndim == 4) check_size(cache, 2, 1, "the number of KV heads (MLA has one)");
   check_size(cache, cache.ndim - 1, kQkDim, "the latent width [kv_c | k_pe]");
   if (k_pe.dtype != kv_c.dtype)
-    throw_invalid(std::string("k_pe: dtype ") + dtype_name(k_pe.dtype) + " differs from kv_c's " + dtype_name(kv_c.dtype));
+    throw_invalid(std::string("k_pe: dtype ") + dtype_name(k_pe.dtype) + " differs from kv_c's " +
+                  dtype_name(kv_c.dtype));
 
   CacheWriteParams p;
   p.num_tokens = int(kv_c.shape[0]);
@@ -438,39 +441,57 @@ void register_ops(nb::module_& m) {
   using namespace nb::literals;
   nb::class_<DcpShard>(m, "Shard",
                        "One rank's place in a DCP group: global position p lives on rank (p // interleave) % world.")
-      .def("__init__", [](DcpShard* s, int world, int rank, int interleave) { new (s) DcpShard(make_shard(world, rank, interleave)); },
-           "world"_a = 1, "rank"_a = 0, "interleave"_a = 1)
+      .def(
+          "__init__",
+          [](DcpShard* s, int world, int rank, int interleave) {
+            new (s) DcpShard(make_shard(world, rank, interleave));
+          },
+          "world"_a = 1, "rank"_a = 0, "interleave"_a = 1)
       .def_ro("world", &DcpShard::world)
       .def_ro("rank", &DcpShard::rank)
       .def_ro("interleave", &DcpShard::interleave)
-      .def("owner", [](const DcpShard& s, int64_t p) { return sharding::owner(p, s.world, s.interleave); }, "position"_a,
-           "Rank that holds global position `position`.")
-      .def("local_len", [](const DcpShard& s, int64_t len) { return sharding::local_len(len, s.world, s.rank, s.interleave); },
-           "global_len"_a, "Tokens of this rank among the first `global_len` global positions (may be 0).")
-      .def("local_to_global",
-           [](const DcpShard& s, int64_t k) { return sharding::local_to_global(k, s.world, s.rank, s.interleave); },
-           "local_index"_a, "Global position of this rank's local token `local_index`.")
-      .def("global_to_local", [](const DcpShard& s, int64_t p) { return sharding::global_to_local(p, s.world, s.interleave); },
-           "position"_a, "Local index of global position `position` on its owner rank.")
-      .def("visible_keys",
-           [](const DcpShard& s, int64_t global_len, int q_len, int t) { return sharding::visible_local_keys(global_len, q_len, t, s); },
-           "global_len"_a, "q_len"_a, "t"_a,
-           "Keys on this rank visible to query token t of a sequence of global length global_len (causal rule).")
-      .def("num_local_blocks",
-           [](const DcpShard& s, int64_t len, int block_size) { return sharding::num_local_blocks(len, block_size, s); },
-           "global_len"_a, "block_size"_a)
-      .def("validate", [](const DcpShard& s, int block_size) { throw_if_error(validate_shard(s, block_size)); },
-           "block_size"_a, "Raises ValueError unless block_size >= 1 and block_size % interleave == 0.")
-      .def("__eq__", [](const DcpShard& a, const DcpShard& b) {
-        return a.world == b.world && a.rank == b.rank && a.interleave == b.interleave;
-      })
+      .def(
+          "owner", [](const DcpShard& s, int64_t p) { return sharding::owner(p, s.world, s.interleave); }, "position"_a,
+          "Rank that holds global position `position`.")
+      .def(
+          "local_len",
+          [](const DcpShard& s, int64_t len) { return sharding::local_len(len, s.world, s.rank, s.interleave); },
+          "global_len"_a, "Tokens of this rank among the first `global_len` global positions (may be 0).")
+      .def(
+          "local_to_global",
+          [](const DcpShard& s, int64_t k) { return sharding::local_to_global(k, s.world, s.rank, s.interleave); },
+          "local_index"_a, "Global position of this rank's local token `local_index`.")
+      .def(
+          "global_to_local",
+          [](const DcpShard& s, int64_t p) { return sharding::global_to_local(p, s.world, s.interleave); },
+          "position"_a, "Local index of global position `position` on its owner rank.")
+      .def(
+          "visible_keys",
+          [](const DcpShard& s, int64_t global_len, int q_len, int t) {
+            return sharding::visible_local_keys(global_len, q_len, t, s);
+          },
+          "global_len"_a, "q_len"_a, "t"_a,
+          "Keys on this rank visible to query token t of a sequence of global length global_len (causal rule).")
+      .def(
+          "num_local_blocks",
+          [](const DcpShard& s, int64_t len, int block_size) { return sharding::num_local_blocks(len, block_size, s); },
+          "global_len"_a, "block_size"_a)
+      .def(
+          "validate", [](const DcpShard& s, int block_size) { throw_if_error(validate_shard(s, block_size)); },
+          "block_size"_a, "Raises ValueError unless block_size >= 1 and block_size % interleave == 0.")
+      .def("__eq__",
+           [](const DcpShard& a, const DcpShard& b) {
+             return a.world == b.world && a.rank == b.rank && a.interleave == b.interleave;
+           })
       .def("__hash__", [](const DcpShard& s) { return (int64_t(s.world) * 1000003 + s.rank) * 1000003 + s.interleave; })
       .def("__repr__", [](const DcpShard& s) {
         return "Shard(world=" + std::to_string(s.world) + ", rank=" + std::to_string(s.rank) +
                ", interleave=" + std::to_string(s.interleave) + ")";
       });
-  m.def("num_virtual_blocks", [](int64_t len, int block_size, int world) { return sharding::num_virtual_blocks(len, block_size, world); },
-        "global_len"_a, "block_size"_a, "world"_a);
+  m.def(
+      "num_virtual_blocks",
+      [](int64_t len, int block_size, int world) { return sharding::num_virtual_blocks(len, block_size, world); },
+      "global_len"_a, "block_size"_a, "world"_a);
 
   m.def("_decode", &decode, "q"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a, "lse"_a.none(),
         "softmax_scale"_a, "q_len"_a, "kv_scale"_a, "lse_base"_a, "backend"_a, "shard"_a, "split_policy"_a,

@@ -23,13 +23,14 @@ View make_view(const char* name, const Array& t) {
   v.name = name;
   v.data = const_cast<void*>(static_cast<const void*>(t.data()));
   v.ndim = int(t.ndim());
-  if (v.ndim > 4) throw_invalid(std::string(name) + ": " + std::to_string(v.ndim) + " dimensions; at most 4 are accepted");
+  if (v.ndim > 4)
+    throw_invalid(std::string(name) + ": " + std::to_string(v.ndim) + " dimensions; at most 4 are accepted");
   for (int i = 0; i < v.ndim; ++i) {
     v.shape[i] = int64_t(t.shape(size_t(i)));
     v.stride[i] = t.stride(size_t(i));
     if (v.shape[i] > 1 && v.stride[i] <= 0)
-      throw_invalid(std::string(name) + ": stride " + std::to_string(v.stride[i]) + " of dimension " + std::to_string(i) +
-                    " (size " + std::to_string(v.shape[i]) +
+      throw_invalid(std::string(name) + ": stride " + std::to_string(v.stride[i]) + " of dimension " +
+                    std::to_string(i) + " (size " + std::to_string(v.shape[i]) +
                     "): broadcast (0) and negative strides are not accepted; pass a tensor that owns its elements");
   }
   switch (t.device_type()) {
@@ -82,7 +83,9 @@ std::string dtype_text(const View& v) {
   return dtype_name(v.dtype);
 }
 
-std::string where(const View& v) { return v.mem == Mem::kHost ? std::string("host memory") : "cuda:" + std::to_string(v.device); }
+std::string where(const View& v) {
+  return v.mem == Mem::kHost ? std::string("host memory") : "cuda:" + std::to_string(v.device);
+}
 
 }  // namespace
 
@@ -238,8 +241,8 @@ void* workspace(Mem mem, int device, size_t bytes, void* stream, const char* wha
   if (ws.current.size() >= bytes) return ws.current.data();
   if (stream_is_capturing(stream))
     throw std::runtime_error(std::string("unavailable: ") + what + " needs " + std::to_string(bytes) +
-                             " bytes of workspace on cuda:" + std::to_string(device) + " (held: " +
-                             std::to_string(ws.current.size()) +
+                             " bytes of workspace on cuda:" + std::to_string(device) +
+                             " (held: " + std::to_string(ws.current.size()) +
                              "), and workspace is never allocated during CUDA-graph capture: run the same call once "
                              "before capturing (warm-up)");
   DeviceBuffer bigger;
