@@ -5,6 +5,7 @@
 #include "core/validate.h"
 #include "cpu/cpu_backends.h"
 #include "mladcp/backend.h"
+#include "mladcp/kv_cache.h"
 #if MLADCP_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -87,6 +88,16 @@ std::vector<KnownBackend> all_known_backends() {
   known.push_back({make_cpu_backend()->capabilities(), true});
   known.push_back({cuda_backend_capabilities(), MLADCP_HAVE_CUDA != 0});
   return known;
+}
+
+Status write_kv_cache_device(const CacheWriteParams& p, void* stream) {
+#if MLADCP_HAVE_CUDA
+  return write_kv_cache_cuda(p, stream);
+#else
+  (void)p;
+  (void)stream;
+  return Status::Unsupported("write_kv_cache_device: this build of mladcp has no CUDA backend");
+#endif
 }
 
 std::string best_available_backend() {

@@ -20,6 +20,20 @@ if ((${#missing[@]})); then
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
+# The Python module (python/, built when nanobind is importable) and its pytest suite need a few PyPI
+# packages; pip installs the missing ones. Without them (no network) the build goes on without Python.
+if command -v python3 >/dev/null 2>&1; then
+  py_missing=()
+  for m in nanobind:nanobind scikit_build_core:scikit-build-core pytest:pytest numpy:numpy mpi4py:mpi4py; do
+    python3 -c "import ${m%%:*}" >/dev/null 2>&1 || py_missing+=("${m##*:}")
+  done
+  if ((${#py_missing[@]})); then
+    echo "tools/build.sh: pip installing ${py_missing[*]}" >&2
+    python3 -m pip install --quiet --retries 1 --timeout 20 "${py_missing[@]}" ||
+      echo "tools/build.sh: pip install failed; the Python module and its tests may be left out" >&2
+  fi
+fi
+
 # The CUDA toolkit's usual home; CMake finds nvcc on PATH.
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"

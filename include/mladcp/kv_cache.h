@@ -75,6 +75,12 @@ struct CacheWriteParams {
 // Validates shapes, dtypes and every slot first (nothing is written on error), then writes.
 Status write_kv_cache_host(const CacheWriteParams& p);
 
+// The same write on CUDA device memory (every pointer on the current device), queued on `stream` (a
+// cudaStream_t; nullptr: the legacy stream); no synchronization, no allocation: capturable in a CUDA
+// graph. Slots are not read on the host: a slot outside [0, num_blocks · block_size) is skipped like -1.
+// kUnsupported in a build without CUDA.
+Status write_kv_cache_device(const CacheWriteParams& p, void* stream);
+
 // Distributes a prefilled sequence over its shard: positions [first_position, first_position + N) of
 // sequence `seq` (rows of `kv` = the CacheWriteParams source; its slot_mapping is ignored) go to this
 // rank's cache where this rank owns them. Composed of the two steps above; every rank of the group
