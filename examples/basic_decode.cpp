@@ -1,5 +1,7 @@
 // One MLA decode step with its log-sum-exp on the "cpu" backend, through the public API only.
-// Two sequences of 1000 tokens, 16 query heads, a bf16 latent cache in blocks of 64.
+// Two sequences of 1000 tokens, 16 query heads, a bf16 latent cache in blocks of 64. The README shows
+// the whole program (between the markers).
+// [example]
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -17,7 +19,6 @@ static uint16_t to_bf16(float f) {
 }
 
 int main() {
-  // [example]
   using namespace mladcp;
   const int B = 2, H = 16, len = 1000, bs = 64, nb = (len + bs - 1) / bs;  // nb blocks per sequence
   std::mt19937 rng(7);
@@ -44,6 +45,6 @@ int main() {
     return 1;
   }
   std::printf("lse[seq 0, head 0] = %.4f (ln of the softmax denominator)\n", lse[0]);
-  // [example]
   return std::isfinite(lse[0]) ? 0 : 1;
 }
+// [example]

@@ -6,15 +6,29 @@
 #include "cpu/cpu_backends.h"
 #include "mladcp/backend.h"
 #include "mladcp/kv_cache.h"
-#if MLADCP_HAVE_CUDA
-#include "cuda/cuda_backend.h"
-#endif
 // The CUDA backend's capabilities are plain data in a header-only declaration, so that a build without
 // CUDA still knows them (all_known_backends(), the generated backend table).
 #include "cuda/cuda_capabilities.h"
 
 namespace mladcp {
+
+#if MLADCP_HAVE_CUDA
+// The cuda backend lives in the mladcp::cuda library. These references are weak: in a program that
+// does not link it they are null, and the registry has no "cuda" entry (and no CUDA dependency).
+__attribute__((weak)) std::unique_ptr<Backend> make_cuda_backend();
+__attribute__((weak)) int cuda_device_count();
+__attribute__((weak)) Status write_kv_cache_cuda(const CacheWriteParams& p, void* stream);
+#endif
+
 namespace {
+
+bool cuda_backend_linked() {
+#if MLADCP_HAVE_CUDA
+  return make_cuda_backend != nullptr;
+#else
+  return false;
+#endif
+}
 
 struct Registry {
   std::mutex mu;
@@ -24,7 +38,7 @@ struct Registry {
     entries.emplace_back("cpu-reference", make_cpu_reference_backend);
     entries.emplace_back("cpu", make_cpu_backend);
 #if MLADCP_HAVE_CUDA
-    entries.emplace_back("cuda", [] { return make_cuda_backend(); });
+    if (cuda_backend_linked()) entries.emplace_back("cuda", [] { return make_cuda_backend(); });
 #endif
   }
 };
@@ -86,23 +100,22 @@ std::vector<KnownBackend> all_known_backends() {
   std::vector<KnownBackend> known;
   known.push_back({make_cpu_reference_backend()->capabilities(), true});
   known.push_back({make_cpu_backend()->capabilities(), true});
-  known.push_back({cuda_backend_capabilities(), MLADCP_HAVE_CUDA != 0});
+  known.push_back({cuda_backend_capabilities(), cuda_backend_linked()});
   return known;
 }
 
 Status write_kv_cache_device(const CacheWriteParams& p, void* stream) {
 #if MLADCP_HAVE_CUDA
-  return write_kv_cache_cuda(p, stream);
-#else
+  if (write_kv_cache_cuda) return write_kv_cache_cuda(p, stream);
+#endif
   (void)p;
   (void)stream;
-  return Status::Unsupported("write_kv_cache_device: this build of mladcp has no CUDA backend");
-#endif
+  return Status::Unsupported("write_kv_cache_device: this program has no cuda backend (link mladcp::cuda)");
 }
 
 std::string best_available_backend() {
 #if MLADCP_HAVE_CUDA
-  if (cuda_device_count() > 0) return "cuda";
+  if (cuda_backend_linked() && cuda_device_count && cuda_device_count() > 0) return "cuda";
 #endif
   return "cpu";
 }

@@ -20,15 +20,18 @@
 #include <thread>
 #include <vector>
 
-#include "check/compare.h"
+#include "cli_checks.h"
 #include "cli_common.h"
 #include "commands.h"
-#include "core/synthetic.h"
 #include "core/validate.h"
 #include "mladcp/dcp.h"
 #include "mladcp/mpi.h"
-#if MLADCP_CLI_HAVE_NCCL_DCP
-#include "comm/nccl_dcp_runner.h"
+#include "testkit/compare.h"
+#include "testkit/dcp_command.h"
+#include "testkit/median.h"
+#include "testkit/synthetic.h"
+#if MLADCP_TESTKIT_HAVE_NCCL_DCP
+#include "testkit/nccl_dcp_runner.h"
 #endif
 
 namespace mladcp::cli {
@@ -37,71 +40,29 @@ namespace {
 using detail::invalid;
 using json = nlohmann::ordered_json;
 
-struct DcpOptions {
-  std::string backend = "cpu";
-  int heads = 128;  // all query heads H; each rank owns H / W
-  int batch = 4;
-  int context = 4096;
-  int q_len = 1;
-  int block_size = 64;
-  std::string kv_dtype = "bf16";
-  std::string out_dtype = "bf16";
-  std::string merge = "a2a";
-  int interleave = 1;
-  bool lse = false;  // also return the merged LSE
-  int iters = 0;     // 0: as many steps as fit in about 2 s (1..100)
-  int threads = 0;   // per rank; 0: hardware threads / ranks on this node
-  int deadline_ms = 60000;
-  uint64_t seed = 1;
-  bool check = false;
-  bool json = false;
-  int gpus = 0;  // device backends outside mpirun: GPUs of this process (0: all visible)
-};
+using DcpOptions = testkit::DcpCommandOptions;
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using testkit::median;
 
-// Checks that depend only on the options: identical on every rank, so a bad flag fails everywhere
-// before any communication.
+// The options, checked once (testkit::check_dcp_options), for a host backend.
 Status parse(const DcpOptions& o, int world, synthetic::Config* cfg, DType* out_dtype, DcpMergeMode* mode) {
-  if (o.heads % world != 0)
-    return invalid("--heads=", o.heads, ": must be a multiple of the number of ranks (", world,
-                   "); each rank owns heads / ranks query heads");
-  if (o.context < o.q_len)
-    return invalid("--context=", o.context, ": must be >= --q-len=", o.q_len, " (a sequence holds its new tokens)");
-  if (o.block_size % o.interleave != 0)
-    return invalid("--block-size=", o.block_size, ": must be a multiple of --interleave=", o.interleave);
-  const std::optional<DType> kv = parse_dtype(o.kv_dtype);
-  if (!kv || (*kv != DType::kBF16 && *kv != DType::kFP8E4M3))
-    return invalid("--kv-dtype=", o.kv_dtype, ": accepted bf16, fp8");
-  const std::optional<DType> out = parse_dtype(o.out_dtype);
-  if (!out || (*out != DType::kBF16 && *out != DType::kFP32))
-    return invalid("--out-dtype=", o.out_dtype, ": accepted bf16, fp32");
-  const std::optional<DcpMergeMode> m = parse_dcp_merge_mode(o.merge);
-  if (!m) return invalid("--merge=", o.merge, ": accepted a2a, ag-rs");
+  testkit::DcpCommandSetup setup;
+  MLADCP_RETURN_IF_ERROR(testkit::check_dcp_options(o, world, &setup));
   std::unique_ptr<Backend> b;
   if (!create_backend(o.backend, &b).ok()) {
     std::string names;
-    for (const std::string& n : backend_names()) names += (names.empty() ? "" : ", ") + n;
+    for (const std::string& n : backend_names()) {
+      if (!names.empty()) names += ", ";
+      names += n;
+    }
     return invalid("--backend=", o.backend, ": unknown; registered: ", names);
   }
   if (b->capabilities().device != Device::kHost)
     return invalid("--backend=", o.backend, ": a device backend needs the NCCL communicator, which this build lacks; ",
                    "use a host backend (cpu) over MPI");
-  cfg->num_seqs = o.batch;
-  cfg->q_len = o.q_len;
-  cfg->num_heads = o.heads;
-  cfg->block_size = o.block_size;
-  cfg->seq_lens = synthetic::uniform_lengths(o.batch, o.context);
-  cfg->kv_dtype = *kv;
-  cfg->kv_scale = *kv == DType::kFP8E4M3 ? 0.25f : 1.0f;
-  cfg->seed = o.seed;
-  *out_dtype = *out;
-  *mode = *m;
+  *cfg = setup.problem;
+  *out_dtype = setup.out_dtype;
+  *mode = setup.merge_mode;
   return Status::Ok();
 }
 
@@ -137,6 +98,97 @@ struct RankResult {
   double out_bad = 0, lse_bad = 0, pass = 1;
 };
 constexpr int kRankFields = 12;
+
+// The tool's own collectives: all-gathers over the DCP communicator, each bounded by a deadline (a
+// late or missing peer makes every rank fail with kTimeout / kRemoteError instead of hanging).
+Status all_gather_doubles(Communicator& comm, const std::vector<double>& mine, std::vector<double>* all,
+                          std::chrono::milliseconds deadline) {
+  all->assign(mine.size() * size_t(comm.world_size()), 0.0);
+  MLADCP_RETURN_IF_ERROR(comm.all_gather(mine.data(), all->data(), mine.size() * sizeof(double)));
+  return comm.wait(deadline);
+}
+
+Status barrier(Communicator& comm, std::chrono::milliseconds deadline) {
+  std::vector<double> all;
+  return all_gather_doubles(comm, {0.0}, &all, deadline);
+}
+
+uint64_t text_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// The flags every rank must be given alike, as numbers (text flags hashed) for the agreement round.
+struct SharedFlag {
+  const char* name;
+  double value;
+  std::string text;  // this rank's value as given; empty for numeric flags
+};
+
+std::vector<SharedFlag> shared_flags(const DcpOptions& o) {
+  auto num = [](const char* n, double v) { return SharedFlag{n, v, ""}; };
+  auto txt = [](const char* n, const std::string& v) { return SharedFlag{n, double(text_hash(v) >> 12), v}; };
+  return {txt("--backend", o.backend),
+          num("--heads", o.heads),
+          num("--batch", o.batch),
+          num("--context", o.context),
+          num("--q-len", o.q_len),
+          num("--block-size", o.block_size),
+          txt("--kv-dtype", o.kv_dtype),
+          txt("--out-dtype", o.out_dtype),
+          txt("--merge", o.merge),
+          num("--interleave", o.interleave),
+          num("--lse", o.lse),
+          num("--iters", o.iters),
+          num("--deadline-ms", o.deadline_ms),
+          num("--seed", double(o.seed)),
+          num("--check", o.check)};
+}
+
+// Before any other communication: every rank shares whether its flags parsed, its shared flags and
+// its host; a rank whose flags were rejected, or flags that differ between ranks, fail every rank
+// (naming the flags that differ). Returns the number of ranks on this rank's host.
+Status agree_on_flags(Communicator& comm, const DcpOptions& o, const Status& own, int* ranks_on_host) {
+  const int W = comm.world_size();
+  const std::vector<SharedFlag> flags = shared_flags(o);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::vector<double> mine{double(int(own.code())), double(text_hash(host) >> 12)};
+  for (const SharedFlag& f : flags) mine.push_back(f.value);
+  const size_t n = mine.size();
+  std::vector<double> all;
+  const Status s = all_gather_doubles(comm, mine, &all, std::chrono::milliseconds(o.deadline_ms));
+  if (!own.ok()) return own;
+  MLADCP_RETURN_IF_ERROR(s);
+  *ranks_on_host = 0;
+  for (int r = 0; r < W; ++r) {
+    if (all[size_t(r) * n] != 0)
+      return Status(StatusCode::kRemoteError, detail::cat("rank ", r, " of ", W,
+                                                          " rejected its flags (its own error names the flag); "
+                                                          "no rank started"));
+    if (all[size_t(r) * n + 1] == mine[1]) ++*ranks_on_host;
+  }
+  std::string differ;
+  for (size_t i = 0; i < flags.size(); ++i) {
+    bool same = true;
+    for (int r = 0; r < W; ++r) same = same && all[size_t(r) * n + 2 + i] == mine[2 + i];
+    if (same) continue;
+    if (!differ.empty()) differ += "; ";
+    differ += flags[i].name;
+    if (!flags[i].text.empty()) {  // a text flag: only this rank's own value is known here
+      differ += detail::cat(" (", flags[i].text, " on rank ", comm.rank(), ", another value elsewhere)");
+      continue;
+    }
+    differ += " (";
+    for (int r = 0; r < W; ++r)
+      differ += detail::cat(r ? ", " : "", "rank ", r, ": ", int64_t(all[size_t(r) * n + 2 + i]));
+    differ += ")";
+  }
+  if (!differ.empty())
+    return invalid("ranks disagree on flags every rank must share: ", differ, "; start every rank with the same flags");
+  return Status::Ok();
+}
 
 // Single-rank decode of the unsharded problem for this rank's heads, with the same backend; compares.
 Status check_against_single_rank(const DcpOptions& o, const synthetic::Config& cfg, DType out_dtype, int world,
@@ -192,25 +244,20 @@ Status run_dcp_command(const DcpOptions& o) {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::unique_ptr<Communicator> comm;
+  MLADCP_RETURN_IF_ERROR(create_mpi_communicator(MPI_COMM_WORLD, MpiCommunicatorOptions{}, &comm));
+  const std::chrono::milliseconds deadline(o.deadline_ms);
   synthetic::Config cfg;
   DType out_dtype;
   DcpMergeMode mode;
-  MLADCP_RETURN_IF_ERROR(parse(o, world, &cfg, &out_dtype, &mode));
+  int ranks_on_host = 1;
+  MLADCP_RETURN_IF_ERROR(agree_on_flags(*comm, o, parse(o, world, &cfg, &out_dtype, &mode), &ranks_on_host));
   cfg.shard = DcpShard{world, rank, o.interleave};
 
-  // Threads per rank: the node's hardware threads shared by the ranks on it.
-  int threads = o.threads;
-  if (threads == 0) {
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-    int local_ranks = 1;
-    MPI_Comm_size(node, &local_ranks);
-    MPI_Comm_free(&node);
-    threads = std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, local_ranks));
-  }
+  // Threads per rank: the host's hardware threads shared by the ranks on it.
+  const int threads =
+      o.threads > 0 ? o.threads : std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, ranks_on_host));
 
-  std::unique_ptr<Communicator> comm;
-  MLADCP_RETURN_IF_ERROR(make_mpi_communicator(MPI_COMM_WORLD, MpiCommunicatorOptions{}, &comm));
   std::unique_ptr<Backend> backend;
   MLADCP_RETURN_IF_ERROR(create_backend(o.backend, &backend));
   DcpConfig dc;
@@ -235,16 +282,19 @@ Status run_dcp_command(const DcpOptions& o) {
   ctx.workspace_size = workspace.size();
   ctx.num_threads = threads;
 
-  // Warm-up, then a step count every rank agrees on.
+  // Warm-up, then a step count every rank agrees on (--iters is one of the agreed flags; 0 derives it
+  // from the slowest rank's warm-up).
   DcpStepTimes t;
-  MPI_Barrier(MPI_COMM_WORLD);
+  MLADCP_RETURN_IF_ERROR(barrier(*comm, deadline));
   MLADCP_RETURN_IF_ERROR(dcp->decode(p, ctx, &t));
-  double warm = t.total_ms, slowest = 0;
-  MPI_Allreduce(&warm, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  std::vector<double> warm;
+  MLADCP_RETURN_IF_ERROR(all_gather_doubles(*comm, {t.total_ms}, &warm, deadline));
+  const double slowest = *std::max_element(warm.begin(), warm.end());
   const int iters = o.iters > 0 ? o.iters : std::clamp(int(2000.0 / std::max(slowest, 1e-3)), 1, 100);
   std::vector<double> total, gather, attention, exchange, merge;
   for (int i = 0; i < iters; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);  // every step starts together: waiting for a late peer is not exchange time
+    // Every step starts together (waiting for a late peer is not exchange time), within the deadline.
+    MLADCP_RETURN_IF_ERROR(barrier(*comm, deadline));
     MLADCP_RETURN_IF_ERROR(dcp->decode(p, ctx, &t));
     total.push_back(t.total_ms);
     gather.push_back(t.q_gather_ms);
@@ -264,14 +314,16 @@ Status run_dcp_command(const DcpOptions& o) {
     if (rank == 0 && !o.json) progress("checking every rank against a single-rank decode of the unsharded cache");
     MLADCP_RETURN_IF_ERROR(check_against_single_rank(o, cfg, out_dtype, world, rank, out, lse, threads, &r, &detail));
   }
-  const double mine[kRankFields] = {r.kv_bytes,        r.step_ms,  r.q_gather_ms,     r.attention_ms,
+  const std::vector<double> mine = {r.kv_bytes,        r.step_ms,  r.q_gather_ms,     r.attention_ms,
                                     r.exchange_ms,     r.merge_ms, r.out_max_abs_err, r.out_rel_err,
                                     r.lse_max_abs_err, r.out_bad,  r.lse_bad,         r.pass};
-  std::vector<double> all(size_t(kRankFields) * world);
-  MPI_Gather(mine, kRankFields, MPI_DOUBLE, all.data(), kRankFields, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  std::vector<double> all;
+  // The check decodes the whole cache on every rank first: its bound is generous, but a bound.
+  MLADCP_RETURN_IF_ERROR(all_gather_doubles(
+      *comm, mine, &all, o.check ? std::max(deadline, std::chrono::milliseconds(600000)) : deadline));
   if (o.check && !r.pass) std::fprintf(stderr, "rank %d: %s\n", rank, detail.c_str());
-  int all_pass = int(r.pass), pass = 0;
-  MPI_Allreduce(&all_pass, &pass, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  int pass = 1;
+  for (int i = 0; i < world; ++i) pass = pass && all[size_t(i) * kRankFields + kRankFields - 1] != 0;
   if (rank != 0) return pass || !o.check ? Status::Ok() : Status::Internal("DCP check failed (see rank 0)");
 
   std::vector<RankResult> ranks(static_cast<size_t>(world));
@@ -463,65 +515,47 @@ void add_dcp_command(CLI::App& app) {
   sub->add_option("--backend", o->backend, "Host backend on every rank")->capture_default_str();
   sub->add_option("--heads", o->heads, "All query heads H (each rank owns H / ranks)")
       ->capture_default_str()
-      ->check(CLI::Range(1, kMaxHeads));
-  sub->add_option("--batch", o->batch, "Sequences")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->check(int_in_range(1, kMaxHeads));
+  sub->add_option("--batch", o->batch, "Sequences")->capture_default_str()->check(int_in_range(1, 1 << 20));
   sub->add_option("--context", o->context, "Global length of every sequence, new tokens included")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 30));
+      ->check(int_in_range(1, 1 << 30));
   sub->add_option("--q-len", o->q_len, "Query tokens per sequence (speculative decoding when > 1)")
       ->capture_default_str()
-      ->check(CLI::Range(1, kMaxQLen));
+      ->check(int_in_range(1, kMaxQLen));
   sub->add_option("--block-size", o->block_size, "Tokens per paged-cache block")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(int_in_range(1, 1 << 20));
   sub->add_option("--kv-dtype", o->kv_dtype, "Cache dtype: bf16 or fp8 (e4m3, scale 0.25)")->capture_default_str();
   sub->add_option("--out-dtype", o->out_dtype, "Output dtype: bf16 or fp32")->capture_default_str();
   sub->add_option("--merge", o->merge, "Merge mode: a2a (one all-to-all) or ag-rs (LSE all-gather + reduce-scatter)")
       ->capture_default_str();
   sub->add_option("--interleave", o->interleave, "DCP interleave I: runs of I positions per rank")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(int_in_range(1, 1 << 20));
   sub->add_flag("--lse", o->lse, "Also return (and check) the merged LSE");
   sub->add_option("--iters", o->iters, "Timed steps after one warm-up (0: as many as fit in about 2 s)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(int_in_range(0, 1 << 20));
   sub->add_option("--threads", o->threads, "Host threads per rank (0: hardware threads / ranks on the node)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 16));
+      ->check(int_in_range(0, 1 << 16));
   sub->add_option("--deadline-ms", o->deadline_ms, "Communication deadline of one step")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 30));
+      ->check(int_in_range(1, 1 << 30));
   sub->add_option("--seed", o->seed, "Seed of the synthetic data")->capture_default_str();
   sub->add_flag("--check", o->check, "Compare every rank's heads with a single-rank decode; exit 1 on a mismatch");
   sub->add_flag("--json", o->json, "Print JSON (rank 0)");
   sub->add_option("--gpus", o->gpus,
                   "Device backends started without mpirun: GPUs driven by this process, one rank each (0: all)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 10));
+      ->check(int_in_range(0, 1 << 10));
   set_command_body(sub, [o] {
-#if MLADCP_CLI_HAVE_NCCL_DCP
+#if MLADCP_TESTKIT_HAVE_NCCL_DCP
     // A device backend: the same step over NCCL on GPUs (one rank per GPU, under mpirun or in-process).
     std::unique_ptr<Backend> b;
     if (create_backend(o->backend, &b).ok() && b->capabilities().device == Device::kCuda) {
-      dcp_gpu::CommandOptions g;
-      g.backend = o->backend;
-      g.heads = o->heads;
-      g.batch = o->batch;
-      g.context = o->context;
-      g.q_len = o->q_len;
-      g.block_size = o->block_size;
-      g.kv_dtype = o->kv_dtype;
-      g.out_dtype = o->out_dtype;
-      g.merge = o->merge;
-      g.interleave = o->interleave;
-      g.lse = o->lse;
-      g.iters = o->iters;
-      g.deadline_ms = o->deadline_ms;
-      g.seed = o->seed;
-      g.check = o->check;
-      g.json = o->json;
-      g.gpus = o->gpus;
-      return dcp_gpu::run_command(g);
+      return dcp_gpu::run_command(*o);
     }
 #endif
 #if MLADCP_HAVE_MPI

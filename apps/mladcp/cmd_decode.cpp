@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "cli_checks.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "core/validate.h"
@@ -38,17 +39,17 @@ void add_decode_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "decode", "One MLA decode step on synthetic data (DeepSeek-V3 shapes by default): time, GB/s, GFLOP/s");
   sub->add_option("--backend", opt->backend, "Backend name (see `mladcp backends`); default: the best available");
-  sub->add_option("--heads", opt->heads, "Query heads")->capture_default_str()->check(CLI::Range(1, kMaxHeads));
-  sub->add_option("--batch", opt->batch, "Sequences")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--heads", opt->heads, "Query heads")->capture_default_str()->check(int_in_range(1, kMaxHeads));
+  sub->add_option("--batch", opt->batch, "Sequences")->capture_default_str()->check(int_in_range(1, 1 << 20));
   sub->add_option("--context", opt->context, "Global length of every sequence, new tokens included")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 30));
+      ->check(int_in_range(1, 1 << 30));
   sub->add_option("--q-len", opt->q_len, "Query tokens per sequence (speculative decoding when > 1)")
       ->capture_default_str()
-      ->check(CLI::Range(1, kMaxQLen));
+      ->check(int_in_range(1, kMaxQLen));
   sub->add_option("--block-size", opt->block_size, "Tokens per paged-cache block")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(int_in_range(1, 1 << 20));
   sub->add_option("--kv-dtype", opt->kv_dtype, "Cache dtype: bf16 or fp8 (e4m3, per-tensor scale)")
       ->capture_default_str();
   sub->add_option("--out-dtype", opt->out_dtype, "Output dtype: bf16 or fp32")->capture_default_str();
@@ -61,19 +62,19 @@ void add_decode_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--dcp-world", opt->dcp_world, "DCP group size W: decode one shard of a W-way sharded cache")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(int_in_range(1, 1 << 16));
   sub->add_option("--dcp-rank", opt->dcp_rank, "Which shard (0 <= rank < W)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 16));
+      ->check(int_in_range(0, 1 << 16));
   sub->add_option("--interleave", opt->interleave, "DCP interleave I: runs of I positions per rank")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(int_in_range(1, 1 << 20));
   sub->add_option("--iters", opt->iters, "Timed runs after one warm-up (0: as many as fit in about 2 s)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(int_in_range(0, 1 << 20));
   sub->add_option("--threads", opt->threads, "Host threads (0: all)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 16));
+      ->check(int_in_range(0, 1 << 16));
   sub->add_option("--seed", opt->seed, "Seed of the synthetic data")->capture_default_str();
   sub->add_flag("--check", opt->check,
                 "Compare with the cpu-reference oracle; exit 1 when an error exceeds the dtype's tolerance");

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "cli_checks.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "core/validate.h"
@@ -57,7 +58,7 @@ void add_demo_command(CLI::App& app) {
       "demo",
       "Run the library's main job on this machine: MLA decode with LSE on the best available backend checked "
       "against the oracle, and DCP on 4 CPU ranks checked against single-rank decode");
-  sub->add_option("--threads", *threads, "Host threads (0: all)")->check(CLI::Range(0, 1 << 16));
+  sub->add_option("--threads", *threads, "Host threads (0: all)")->check(int_in_range(0, 1 << 16));
   set_command_body(sub, [threads] {
     const Status decode = decode_section(*threads);
     const Status dcp = dcp_demo_section(*threads);

@@ -1,5 +1,7 @@
 #include "decode_run.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -8,11 +10,12 @@
 #include <new>
 #include <thread>
 
-#include "check/compare.h"
 #include "cli_common.h"
 #include "core/validate.h"
 #include "mladcp/device_memory.h"
 #include "mladcp/sharding.h"
+#include "testkit/compare.h"
+#include "testkit/median.h"
 
 namespace mladcp::cli {
 namespace {
@@ -57,11 +60,7 @@ Status parse_options(const DecodeOptions& opt, synthetic::Config* cfg, DType* ou
   return Status::Ok();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using testkit::median;
 
 // Element-wise tolerance of the output check: the output dtype's rounding (tests/common/compare.h), widened
 // for device backends, whose tensor-core P·V product takes bf16 probabilities: a relative rounding of 2^-9
@@ -246,14 +245,17 @@ Status run_decode(const DecodeOptions& opt, DecodeReport* report) {
   // The problem: one shard of a global cache, NaN in every unused slot, a permuted block table.
   synthetic::Problem problem;
   const double kv_values = double(opt.batch) * opt.context * kQkDim / opt.dcp_world;
+  const double host_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (host_bytes > 0 && kv_values * dtype_size(r.config.kv_dtype) > host_bytes)
+    return invalid("--batch=", opt.batch, " --context=", opt.context, ": the synthetic cache",
+                   opt.dcp_world > 1 ? " shard" : "", " needs ",
+                   format_bytes(kv_values * dtype_size(r.config.kv_dtype)), " of host memory; this machine has ",
+                   format_bytes(host_bytes));
   if (kv_values > 2e8)
     progress("building a synthetic cache of " + format_bytes(kv_values * dtype_size(r.config.kv_dtype)) + "...");
-  try {
-    MLADCP_RETURN_IF_ERROR(synthetic::make_problem(r.config, &problem));
-  } catch (const std::bad_alloc&) {
-    return Status(StatusCode::kUnavailable, detail::cat("not enough host memory for a cache of ",
-                                                        format_bytes(kv_values * dtype_size(r.config.kv_dtype))));
-  }
+  if (Status s = synthetic::make_problem(r.config, &problem); !s.ok())
+    return Status(s.code(), detail::cat("--batch=", opt.batch, " --context=", opt.context,
+                                        " --block-size=", opt.block_size, ": ", s.message()));
   const int64_t T = problem.num_tokens(), H = r.config.num_heads;
   const size_t out_elems = size_t(T) * H * kLatentDim, lse_elems = size_t(T) * H;
 

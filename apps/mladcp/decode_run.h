@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "core/synthetic.h"
 #include "mladcp/backend.h"
 #include "mladcp/status.h"
+#include "testkit/synthetic.h"
 
 namespace mladcp::cli {
 

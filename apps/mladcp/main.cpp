@@ -1,6 +1,8 @@
 // mladcp: the command-line tool of the MLA decode + DCP library.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -39,6 +41,17 @@ int main(int argc, char** argv) {
   add_demo_command(app);
   add_version_command(app);
 
+  // A first word that is neither a flag nor a subcommand: name it and list the subcommands.
+  if (argc > 1 && argv[1][0] != '-' &&
+      app.get_subcommands([&](CLI::App* sub) { return sub->check_name(argv[1]); }).empty()) {
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      if (!names.empty()) names += ", ";
+      names += sub->get_name();
+    }
+    std::fprintf(stderr, "mladcp: '%s': unknown subcommand; accepted: %s\n", argv[1], names.c_str());
+    return kExitBadArgument;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -51,6 +64,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mladcp: %s\n", e.what());
     if (argc <= 1) std::fprintf(stderr, "%s", app.help().c_str());
     return kExitBadArgument;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mladcp: out of host memory (try a smaller problem)\n");
+    return kExitFailure;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mladcp: internal error: %s\n", e.what());
+    return kExitFailure;
   }
   return exit_code(command_status());
 }

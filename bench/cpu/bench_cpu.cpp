@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "core/synthetic.h"
 #include "cpu/cpu_internal.h"
 #include "cpu/thread_pool.h"
 #include "mladcp/backend.h"
 #include "mladcp/sharding.h"
+#include "testkit/synthetic.h"
 
 namespace mladcp::bench {
 namespace {

@@ -23,8 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/nccl_dcp_runner.h"
 #include "mladcp/nccl.h"
+#include "testkit/nccl_dcp_runner.h"
 
 namespace mladcp::dcp_gpu {
 namespace {

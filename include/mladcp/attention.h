@@ -22,9 +22,9 @@ class MlaAttention {
   bool need_to_return_lse_for_decode() const { return need_lse_; }
   LseBase lse_base() const { return backend_->capabilities().native_lse_base; }
 
-  // Runs decode with p.shard = shard(). The LSE is requested from the kernel only when it is needed
-  // (DCP) or when the caller passes lse != nullptr itself; when it is needed and the caller passed
-  // none, `lse_scratch` ([T, H] fp32, same memory as the backend) receives it.
+  // Runs decode with p.shard = shard() (p.shard must be default or equal to it). The LSE is requested from the kernel
+  // only when it is needed (DCP) or when the caller passes lse != nullptr itself; when it is needed and the caller
+  // passed none, `lse_scratch` ([T, H] fp32, same memory as the backend) receives it.
   Status decode(MlaDecodeParams p, const ExecContext& ctx, float* lse_scratch = nullptr);
 
  private:

@@ -81,14 +81,15 @@ Status create_backend(const std::string& name, std::unique_ptr<Backend>* out);
 // Capabilities of every registered backend, in registration order.
 std::vector<BackendCapabilities> all_backend_capabilities();
 
-// A built-in backend of the library, whether or not this build includes it.
+// A built-in backend of the library, whether or not this program includes it.
 struct KnownBackend {
   BackendCapabilities capabilities;  // its static declaration (what Backend::capabilities() returns)
-  bool built = false;                // compiled into this build: create_backend() can make it
+  bool built = false;                // linked into this program: create_backend() can make it
 };
 // The built-in backends in a fixed order with their static declarations, independent of this build's
-// options and of the machine (a build without CUDA still lists "cuda", with built = false). The source
-// of docs/attention_backends.md. Backends registered by callers are not included.
+// options and of the machine (a build without CUDA still lists "cuda", with built = false): the source
+// of docs/attention_backends.md and of the Python module's backend list. Backends registered by
+// callers are not included.
 std::vector<KnownBackend> all_known_backends();
 
 // Name of the fastest backend usable here ("cuda" when a device is present, else "cpu").

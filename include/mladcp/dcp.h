@@ -41,10 +41,10 @@ struct DcpConfig {
   // return kTimeout (the communicator is then aborted) instead of hanging.
   std::chrono::milliseconds deadline{60000};
   // Before any data moves, every rank shares its validation result (and a fingerprint of the
-  // arguments all ranks must agree on) with one small all-gather in host memory. A rank whose own
-  // input is bad (e.g. a block id out of range) then makes every rank return an error (the others
-  // get kRemoteError naming it) rather than leaving them to time out. Used only with host-memory
-  // communicators; device backends check their indices in the kernel.
+  // arguments all ranks must agree on, which an error then names) with one small all-gather in host memory. A rank
+  // whose own input is bad (e.g. a block id out of range) then makes every rank return an error (the others get
+  // kRemoteError naming it) rather than leaving them to time out. Used only with host-memory communicators; device
+  // backends check their indices in the kernel.
   bool agree_on_validation = true;
 };
 
@@ -57,7 +57,6 @@ struct DcpStepTimes {
   double exchange_ms = 0;   // output exchange (a2a) or LSE all-gather + reduce-scatter (ag-rs)
   double merge_ms = 0;      // combine (a2a) or rescale + final conversion (ag-rs)
   double total_ms = 0;
-  double communication_ms() const { return q_gather_ms + exchange_ms; }
 };
 
 class DcpDecoder {
@@ -81,7 +80,8 @@ class DcpDecoder {
   //   the local paged cache and its block table (virtual blocks, see sharding.h),
   //   seq_lens [B] GLOBAL lengths, the same on every rank (max_seq_len: a global bound),
   //   out [T, H/W, 512] bf16 or fp32 (strides honoured), lse [T, H/W] optional in lse_base.
-  // local.shard is ignored (the decoder's shard is used). ctx.workspace must hold workspace_bytes().
+  // local.shard: default, or equal to the decoder's shard (anything else is an error). ctx.workspace must
+  // hold workspace_bytes().
   // Every rank must call decode with the same shapes. On a bad argument every rank returns an error
   // and nothing is written; on a communication failure every rank returns kTimeout, kRemoteError or
   // kCommError within config.deadline and the communicator is aborted.
@@ -99,7 +99,9 @@ class DcpDecoder {
   struct Layout;
   Layout layout(const MlaDecodeParams& local) const;
   Status check_arguments(const MlaDecodeParams& local, const ExecContext& ctx, const Layout& l) const;
-  Status agree(const Status& own, uint64_t fingerprint, std::chrono::steady_clock::time_point deadline);
+  // One round over the group: every rank's validation result and the arguments all ranks must share.
+  static constexpr int kAgreeSlots = 12;  // status code + 11 shared arguments
+  Status agree(const Status& own, const int64_t* shared, std::chrono::steady_clock::time_point deadline);
 
   std::unique_ptr<MlaAttention> attention_;
   Communicator* comm_;

@@ -32,9 +32,9 @@ const char* split_policy_name(SplitPolicy s);  // "invariant", "fill"
 // gathered query and writes the exchange buffer directly, without packing copies. With
 // head_group_size = 0 (default) there is one group and the group strides are unused.
 struct MlaDecodeParams {
-  int num_seqs = 0;   // B ≥ 0
-  int q_len = 1;      // tokens per sequence, 1..kMaxQLen (speculative decoding when > 1)
-  int num_heads = 0;  // H, query heads seen by the kernel (H_local · W after the DCP gather)
+  int num_seqs = 0;         // B ≥ 0
+  int q_len = 1;            // tokens per sequence, 1..kMaxQLen (speculative decoding when > 1)
+  int num_heads = 0;        // H, query heads seen by the kernel (H_local · W after the DCP gather)
   int head_group_size = 0;  // Hg: 0 (one group) or a divisor of H
 
   const void* q = nullptr;  // [T, H, 576] or [G, T, Hg, 576]; [q_nope·W_UK (512) | q_pe (64)]
@@ -64,13 +64,13 @@ struct MlaDecodeParams {
 
   float softmax_scale = 0.0f;  // s_j = softmax_scale · <q, c_j> (e.g. 1/sqrt(192) · mscale²)
 
-  void* out = nullptr;  // [T, H, 512] or [G, T, Hg, 512]
+  void* out = nullptr;             // [T, H, 512] or [G, T, Hg, 512]
   DType out_dtype = DType::kBF16;  // bf16 or fp32
   int64_t out_stride_token = 0;    // default (0): Hg · 512
   int64_t out_stride_head = 0;     // default (0): 512
   int64_t out_stride_group = 0;    // default (0): T · out_stride_token
 
-  float* lse = nullptr;  // [T, H] or [G, T, Hg] fp32, optional: nullptr asks for no LSE (none is computed)
+  float* lse = nullptr;          // [T, H] or [G, T, Hg] fp32, optional: nullptr asks for no LSE (none is computed)
   int64_t lse_stride_token = 0;  // default (0): Hg
   int64_t lse_stride_group = 0;  // default (0): T · lse_stride_token
   LseBase lse_base = LseBase::kE;
@@ -101,8 +101,5 @@ inline int64_t out_offset(const MlaDecodeParams& p, int64_t t, int h) {
 inline int64_t lse_offset(const MlaDecodeParams& p, int64_t t, int h) {
   return (h / p.head_group_size) * p.lse_stride_group + t * p.lse_stride_token + (h % p.head_group_size);
 }
-
-// Number of visible keys on this shard for query token t of sequence `seq` (host helper).
-int64_t visible_keys(const MlaDecodeParams& p, int seq, int t);
 
 }  // namespace mladcp

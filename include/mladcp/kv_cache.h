@@ -4,8 +4,8 @@
 // Under DCP every rank runs the same two steps for the tokens of a step (prefill chunk or decode):
 //   1. compute_slot_mapping: global position → slot on this rank, -1 where another rank owns it;
 //   2. write_kv_cache: store each token's [kv_c (512) | k_pe (64)] at its slot, skipping -1.
-// The params structs are the contract for host and device implementations alike; the functions
-// below are the host implementations (pointers are host memory).
+// The params structs are the contract for host and device implementations alike; the *_host functions
+// take host memory, write_kv_cache_cuda device memory.
 #pragma once
 
 #include <cstdint>
@@ -78,7 +78,7 @@ Status write_kv_cache_host(const CacheWriteParams& p);
 // The same write on CUDA device memory (every pointer on the current device), queued on `stream` (a
 // cudaStream_t; nullptr: the legacy stream); no synchronization, no allocation: capturable in a CUDA
 // graph. Slots are not read on the host: a slot outside [0, num_blocks · block_size) is skipped like -1.
-// kUnsupported in a build without CUDA.
+// kUnsupported in a program without the cuda backend (mladcp::cuda).
 Status write_kv_cache_device(const CacheWriteParams& p, void* stream);
 
 // Distributes a prefilled sequence over its shard: positions [first_position, first_position + N) of

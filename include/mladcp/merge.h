@@ -41,21 +41,21 @@ struct MergeParams {
 
 // Rescale form used by DCP all-gather + reduce-scatter: this rank's partial output is multiplied in
 // place by b^{lse[rank] - lse_global} (exactly 0 when empty) so that a sum over ranks gives the
-// merged output.
+// merged output. Rows are independent: a row is one (token, head) of whatever layout the caller has
+// (DCP passes every rank's heads of every token, [W, T, H/W] = W·T·H/W rows).
 struct RescaleParams {
   int world = 0;       // W ≥ 1 (number of LSE rows gathered)
   int rank = 0;        // which row is this rank's own
-  int num_tokens = 0;  // T
-  int num_heads = 0;   // H (all heads, before the reduce-scatter)
+  int64_t rows = 0;    // R ≥ 0
   int head_dim = 512;  // D
 
-  const float* all_lse = nullptr;  // [W, T, H] contiguous, gathered from every rank
+  const float* all_lse = nullptr;  // [W, R] contiguous, gathered from every rank
   LseBase base = LseBase::kE;
 
-  void* out = nullptr;  // [T, H, D] contiguous, rescaled in place
+  void* out = nullptr;  // [R, D] contiguous, rescaled in place
   DType out_dtype = DType::kFP32;
 
-  float* merged_lse = nullptr;  // [T, H] optional, in `base`
+  float* merged_lse = nullptr;  // [R] optional, in `base`
 };
 
 Status validate(const MergeParams& p);

@@ -1,5 +1,6 @@
 // The MPI communicator: DCP over CPU ranks (host buffers). Including this header never requires
-// mpi.h; the factory is declared only in builds with MPI (MLADCP_HAVE_MPI=1, set by the mladcp target).
+// mpi.h; the factory is declared only where the MPI communicator is linked (MLADCP_HAVE_MPI=1, set by the
+// mladcp::mpi target of the installed package, find_package(mladcp COMPONENTS mpi)).
 #pragma once
 
 #include <chrono>
@@ -14,8 +15,8 @@
 
 namespace mladcp {
 
-// True when this build contains the MPI communicator.
-bool mpi_communicator_available();
+// True when the MPI communicator is linked into this program.
+inline constexpr bool mpi_communicator_available() { return MLADCP_HAVE_MPI != 0; }
 
 }  // namespace mladcp
 
@@ -46,7 +47,8 @@ struct MpiCommunicatorOptions {
 // returns kTimeout at its deadline and aborts the communicator. MPI cannot cancel a collective, so the
 // buffers of operations left unfinished by an abort may still be written if a late peer arrives: an
 // engine treats an aborted group as lost and rebuilds it.
-Status make_mpi_communicator(MPI_Comm comm, const MpiCommunicatorOptions& options, std::unique_ptr<Communicator>* out);
+Status create_mpi_communicator(MPI_Comm comm, const MpiCommunicatorOptions& options,
+                               std::unique_ptr<Communicator>* out);
 
 }  // namespace mladcp
 #endif

@@ -7,8 +7,6 @@
 //     distributes the unique id from rank 0 to every rank (sockets, a key-value store, MPI, ...).
 //   - create_nccl_communicator_mpi(): the same, with the id broadcast over an MPI communicator.
 //   - adopt_nccl_communicator(): wraps an engine's existing ncclComm_t without owning it.
-// plus create_nccl_communicators_single_process() for tests and tools: one communicator per GPU of
-// this process (each must then be driven by its own thread, or all inside one ncclGroupStart/End).
 //
 // Communicators are created non-blocking (NCCL config blocking = 0) unless asked otherwise, so no
 // call blocks the host on a peer: wait(deadline) returns kTimeout once the deadline passes and the
@@ -64,8 +62,10 @@ struct NcclOptions {
   bool wait_for_completion = true;
   // Check with cudaPointerGetAttributes that every buffer is device memory of this device.
   bool check_pointers = true;
-  // Sets NCCL_NVLS_ENABLE=0 in the environment before creating, unless the variable is already set.
-  bool nvls_off_if_unset = true;
+  // true: sets NCCL_NVLS_ENABLE=0 in the environment before creating, unless the variable is already
+  // set (NVLink SHARP / multicast off, as the mladcp tool runs). false (default): the environment is
+  // the caller's.
+  bool disable_nvls = false;
   // Name given to the communicator (NCCL config commName; shows in NCCL's logs).
   std::string name = "mladcp";
   NcclAdoptedFaultPolicy adopted_fault_policy = NcclAdoptedFaultPolicy::kRevoke;
@@ -98,15 +98,6 @@ Status create_nccl_communicator_mpi(const void* mpi_comm, const NcclOptions& opt
 
 // Wraps an engine's communicator. Never destroys it; on a fault applies options.adopted_fault_policy.
 Status adopt_nccl_communicator(ncclComm* comm, const NcclOptions& options, std::unique_ptr<NcclCommunicator>* out);
-
-// One communicator per device of `devices` (rank i on devices[i]), all in this process, each with its
-// own stream (options.stream and options.device are ignored).
-Status create_nccl_communicators_single_process(const std::vector<int>& devices, const NcclOptions& options,
-                                                std::vector<std::unique_ptr<NcclCommunicator>>* out);
-
-// Destroys communicators of one process (e.g. from create_nccl_communicators_single_process) all at
-// once, one thread each: NCCL's orderly teardown of a rank may wait for its peers' teardown.
-void destroy_nccl_communicators(std::vector<std::unique_ptr<NcclCommunicator>>* comms);
 
 // "2.28.9 (built with 2.28.9)": the NCCL library loaded and the header compiled against.
 std::string nccl_version_string();

@@ -145,7 +145,7 @@ PyDcpDecoder* from_mpi(uintptr_t handle, const std::string& backend, const std::
   DcpConfig config = make_config(merge, interleave, deadline_s);
   config.agree_on_validation = agree;
   std::unique_ptr<Communicator> comm;
-  throw_if_error(make_mpi_communicator(mpi_comm_from_handle<MPI_Comm>(handle), MpiCommunicatorOptions{}, &comm));
+  throw_if_error(create_mpi_communicator(mpi_comm_from_handle<MPI_Comm>(handle), MpiCommunicatorOptions{}, &comm));
   return new PyDcpDecoder(std::move(comm), Mem::kHost, -1, backend, config);
 #else
   (void)handle, (void)backend, (void)merge, (void)interleave, (void)deadline_s, (void)agree;

@@ -11,9 +11,8 @@ namespace mladcp {
 using detail::cat;
 using Clock = std::chrono::steady_clock;
 
-bool mpi_communicator_available() { return true; }
-
-Status make_mpi_communicator(MPI_Comm comm, const MpiCommunicatorOptions& options, std::unique_ptr<Communicator>* out) {
+Status create_mpi_communicator(MPI_Comm comm, const MpiCommunicatorOptions& options,
+                               std::unique_ptr<Communicator>* out) {
   return MpiCommunicator::create(comm, options, out);
 }
 
@@ -38,6 +37,9 @@ Status MpiCommunicator::create(MPI_Comm comm, const MpiCommunicatorOptions& opti
     return Status(StatusCode::kUnavailable,
                   finalized ? "MPI is already finalized" : "MPI is not initialized: call MPI_Init first");
   if (comm == MPI_COMM_NULL) return detail::invalid("comm: MPI_COMM_NULL");
+  if (options.ownership != MpiOwnership::kDuplicate && options.ownership != MpiOwnership::kBorrow)
+    return detail::invalid("options.ownership=", int(options.ownership),
+                           ": accepted MpiOwnership::kDuplicate (0), MpiOwnership::kBorrow (1)");
   if (options.yield_for.count() < 0 || options.max_sleep.count() < 0)
     return detail::invalid("options.yield_for / options.max_sleep: must be >= 0");
   MPI_Errhandler previous = MPI_ERRHANDLER_NULL;

@@ -85,6 +85,10 @@ Status wait_until_ready(Driver& driver, const std::vector<ncclComm_t>& comms, Cl
 Status check_setup_options(const NcclOptions& options) {
   if (options.setup_timeout.count() <= 0)
     return detail::invalid("options.setup_timeout=", to_ms(options.setup_timeout), " ms: must be > 0");
+  const NcclAdoptedFaultPolicy f = options.adopted_fault_policy;
+  if (f != NcclAdoptedFaultPolicy::kRevoke && f != NcclAdoptedFaultPolicy::kAbort && f != NcclAdoptedFaultPolicy::kNone)
+    return detail::invalid("options.adopted_fault_policy=", int(f),
+                           ": accepted NcclAdoptedFaultPolicy::kRevoke (0), kAbort (1), kNone (2)");
   return Status::Ok();
 }
 
@@ -444,7 +448,7 @@ Status create_communicator(const std::shared_ptr<Driver>& driver, int rank, int 
   if (rank < 0 || rank >= world) return detail::invalid("rank=", rank, ": must be in [0, ", world, ")");
   if (!broadcast) return detail::invalid("broadcast: empty callback (it must give every rank rank 0's unique id)");
   MLADCP_RETURN_IF_ERROR(check_setup_options(options));
-  if (options.nvls_off_if_unset) nccl_disable_nvls_if_unset();
+  if (options.disable_nvls) nccl_disable_nvls_if_unset();
   int count = 0;
   MLADCP_RETURN_IF_ERROR(count_devices(*driver, &count));
   int device = options.device;
@@ -505,7 +509,7 @@ Status create_single_process(const std::shared_ptr<Driver>& driver, const std::v
     if (!seen.insert(devices[i]).second)
       return detail::invalid("devices[", i, "]=", devices[i], ": listed twice (NCCL needs one rank per device)");
   }
-  if (options.nvls_off_if_unset) nccl_disable_nvls_if_unset();
+  if (options.disable_nvls) nccl_disable_nvls_if_unset();
   const int world = int(devices.size());
   const std::string who = cat("nccl single-process group of ", world);
   int previous = -1;

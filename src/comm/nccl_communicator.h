@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "comm/nccl_driver.h"
+#include "comm/nccl_single_process.h"
 #include "mladcp/nccl.h"
 
 namespace mladcp::nccl_detail {

@@ -8,10 +8,7 @@ Status MlaAttention::create(std::unique_ptr<Backend> backend, const DcpShard& sh
                             std::unique_ptr<MlaAttention>* out) {
   if (!backend) return detail::invalid("backend: null");
   if (!out) return detail::invalid("out: null");
-  if (shard.world < 1) return detail::invalid("shard.world=", shard.world, ": must be >= 1");
-  if (shard.rank < 0 || shard.rank >= shard.world)
-    return detail::invalid("shard.rank=", shard.rank, ": must be in [0, shard.world=", shard.world, ")");
-  if (shard.interleave < 1) return detail::invalid("shard.interleave=", shard.interleave, ": must be >= 1");
+  MLADCP_RETURN_IF_ERROR(detail::validate_shard_fields(shard));
   const BackendCapabilities& caps = backend->capabilities();
   if (shard.world > 1 && !caps.can_return_lse_for_decode) {
     return Status::Unsupported(
@@ -30,6 +27,7 @@ Status MlaAttention::create(std::unique_ptr<Backend> backend, const DcpShard& sh
 }
 
 Status MlaAttention::decode(MlaDecodeParams p, const ExecContext& ctx, float* lse_scratch) {
+  MLADCP_RETURN_IF_ERROR(detail::check_shard_matches(p.shard, shard_));
   p.shard = shard_;
   if (need_lse_ && !p.lse) {
     if (!lse_scratch)

@@ -6,6 +6,7 @@
 
 #include "core/validate.h"
 #include "mladcp/backend.h"
+#include "mladcp/kv_cache.h"
 
 namespace mladcp {
 
@@ -35,9 +36,35 @@ std::string join_ints(const std::vector<int>& v) {
 
 bool contains(const std::vector<DType>& v, DType t) { return std::find(v.begin(), v.end(), t) != v.end(); }
 
+Status validate_shard_fields(const DcpShard& s) {
+  if (s.world < 1) return invalid("shard.world=", s.world, ": must be >= 1");
+  if (s.rank < 0 || s.rank >= s.world)
+    return invalid("shard.rank=", s.rank, ": must be in [0, shard.world=", s.world, ")");
+  if (s.interleave < 1) return invalid("shard.interleave=", s.interleave, ": must be >= 1");
+  return Status::Ok();
+}
+
+Status check_shard_matches(const DcpShard& g, const DcpShard& f) {
+  const DcpShard none;
+  const bool is_default = g.world == none.world && g.rank == none.rank && g.interleave == none.interleave;
+  if (is_default || (g.world == f.world && g.rank == f.rank && g.interleave == f.interleave)) return Status::Ok();
+  return invalid("shard={world ", g.world, ", rank ", g.rank, ", interleave ", g.interleave,
+                 "}: differs from the shard this object was created with {world ", f.world, ", rank ", f.rank,
+                 ", interleave ", f.interleave, "}; leave it default or pass the same");
+}
+
 }  // namespace detail
 
 using detail::invalid;
+
+Status validate_shard(const DcpShard& s, int block_size) {
+  MLADCP_RETURN_IF_ERROR(detail::validate_shard_fields(s));
+  if (block_size < 1) return invalid("block_size=", block_size, ": must be >= 1");
+  if (block_size % s.interleave != 0)
+    return invalid("block_size=", block_size, ": must be a multiple of shard.interleave=", s.interleave,
+                   " (a rank stores whole interleave runs in each block)");
+  return Status::Ok();
+}
 
 MlaDecodeParams with_default_strides(const MlaDecodeParams& in) {
   MlaDecodeParams p = in;
@@ -57,10 +84,6 @@ MlaDecodeParams with_default_strides(const MlaDecodeParams& in) {
   return p;
 }
 
-int64_t visible_keys(const MlaDecodeParams& p, int seq, int t) {
-  return sharding::visible_local_keys(p.seq_lens[seq], p.q_len, t, p.shard);
-}
-
 Status validate_decode(const MlaDecodeParams& p, const BackendCapabilities& caps) {
   const std::string& be = caps.name;
   if (p.num_seqs < 0) return invalid("num_seqs=", p.num_seqs, ": must be >= 0");
@@ -72,10 +95,7 @@ Status validate_decode(const MlaDecodeParams& p, const BackendCapabilities& caps
     return invalid("head_group_size=", p.head_group_size,
                    ": must be 0 (one group) or a divisor of num_heads=", p.num_heads);
   const DcpShard& s = p.shard;
-  if (s.world < 1) return invalid("shard.world=", s.world, ": must be >= 1");
-  if (s.rank < 0 || s.rank >= s.world)
-    return invalid("shard.rank=", s.rank, ": must be in [0, shard.world=", s.world, ")");
-  if (s.interleave < 1) return invalid("shard.interleave=", s.interleave, ": must be >= 1");
+  MLADCP_RETURN_IF_ERROR(detail::validate_shard_fields(s));
   if (s.interleave > 1 && !caps.supports_dcp_interleave)
     return Status::Unsupported(
         detail::cat("shard.interleave=", s.interleave, ": backend '", be, "' supports only interleave 1"));
@@ -88,17 +108,17 @@ Status validate_decode(const MlaDecodeParams& p, const BackendCapabilities& caps
   if (!detail::contains(caps.out_dtypes, p.out_dtype))
     return invalid("out_dtype=", dtype_name(p.out_dtype), ": backend '", be, "' accepts ",
                    detail::join_dtypes(caps.out_dtypes));
-  if (p.block_size < 1) return invalid("block_size=", p.block_size, ": must be >= 1");
+  MLADCP_RETURN_IF_ERROR(validate_shard(s, p.block_size));
   if (!caps.block_sizes.empty() &&
       std::find(caps.block_sizes.begin(), caps.block_sizes.end(), p.block_size) == caps.block_sizes.end())
     return invalid("block_size=", p.block_size, ": backend '", be, "' accepts ", detail::join_ints(caps.block_sizes));
-  if (p.block_size % s.interleave != 0)
-    return invalid("block_size=", p.block_size, ": must be a multiple of shard.interleave=", s.interleave);
   if (!(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f))
     return invalid("softmax_scale=", p.softmax_scale, ": must be finite and > 0");
   if (!(std::isfinite(p.kv_scale) && p.kv_scale > 0.0f))
     return invalid("kv_scale=", p.kv_scale, ": must be finite and > 0");
   if (p.max_seq_len < 0) return invalid("max_seq_len=", p.max_seq_len, ": must be >= 0");
+  if (!detail::valid_lse_base(p.lse_base))
+    return invalid("lse_base=", int(p.lse_base), ": ", detail::kAcceptedLseBases);
   if (p.split_policy != SplitPolicy::kBatchInvariant && p.split_policy != SplitPolicy::kFillDevice)
     return invalid("split_policy=", int(p.split_policy), ": accepted kBatchInvariant (0), kFillDevice (1)");
   if (p.num_seqs == 0) return Status::Ok();  // nothing to read or write

@@ -26,6 +26,9 @@ Status validate(const MergeParams& p) {
   if (!is_float_dtype(p.in_dtype)) return invalid("in_dtype=", dtype_name(p.in_dtype), ": accepted bf16, fp16, fp32");
   if (!is_float_dtype(p.out_dtype))
     return invalid("out_dtype=", dtype_name(p.out_dtype), ": accepted bf16, fp16, fp32");
+  if (!detail::valid_lse_base(p.in_base)) return invalid("in_base=", int(p.in_base), ": ", detail::kAcceptedLseBases);
+  if (!detail::valid_lse_base(p.out_base))
+    return invalid("out_base=", int(p.out_base), ": ", detail::kAcceptedLseBases);
   if (p.num_tokens == 0) return Status::Ok();
   if (!p.in_out) return invalid("in_out: null pointer (expected [N, T, H, D])");
   if (!p.in_lse) return invalid("in_lse: null pointer (expected [N, T, H] fp32)");
@@ -36,14 +39,14 @@ Status validate(const MergeParams& p) {
 Status validate(const RescaleParams& p) {
   if (p.world < 1) return invalid("world=", p.world, ": must be >= 1");
   if (p.rank < 0 || p.rank >= p.world) return invalid("rank=", p.rank, ": must be in [0, world=", p.world, ")");
-  if (p.num_tokens < 0) return invalid("num_tokens=", p.num_tokens, ": must be >= 0");
-  if (p.num_heads < 1) return invalid("num_heads=", p.num_heads, ": must be >= 1");
+  if (p.rows < 0) return invalid("rows=", p.rows, ": must be >= 0");
   if (p.head_dim < 1) return invalid("head_dim=", p.head_dim, ": must be >= 1");
   if (!is_float_dtype(p.out_dtype))
     return invalid("out_dtype=", dtype_name(p.out_dtype), ": accepted bf16, fp16, fp32");
-  if (p.num_tokens == 0) return Status::Ok();
-  if (!p.all_lse) return invalid("all_lse: null pointer (expected [W, T, H] fp32)");
-  if (!p.out) return invalid("out: null pointer (expected [T, H, D])");
+  if (!detail::valid_lse_base(p.base)) return invalid("base=", int(p.base), ": ", detail::kAcceptedLseBases);
+  if (p.rows == 0) return Status::Ok();
+  if (!p.all_lse) return invalid("all_lse: null pointer (expected [W, rows] fp32)");
+  if (!p.out) return invalid("out: null pointer (expected [rows, D])");
   return Status::Ok();
 }
 
@@ -74,7 +77,8 @@ Status merge_states_host(const MergeParams& in) {
       for (int n = 0; n < p.num_states; ++n) {
         if (w[n] == 0.0f) continue;
         const int64_t base = n * p.in_stride_state + t * p.in_stride_token + h * p.in_stride_head;
-        for (int64_t d = 0; d < D; ++d) acc[d] += lse::weighted(w[n], numeric::load_as_float(p.in_out, p.in_dtype, base + d));
+        for (int64_t d = 0; d < D; ++d)
+          acc[d] += lse::weighted(w[n], numeric::load_as_float(p.in_out, p.in_dtype, base + d));
       }
       const int64_t ob = t * p.out_stride_token + h * p.out_stride_head;
       for (int64_t d = 0; d < D; ++d) numeric::store_from_float(p.out, p.out_dtype, ob + d, acc[d]);
@@ -86,18 +90,16 @@ Status merge_states_host(const MergeParams& in) {
 
 Status rescale_states_host(const RescaleParams& p) {
   MLADCP_RETURN_IF_ERROR(validate(p));
-  const int64_t D = p.head_dim, H = p.num_heads, T = p.num_tokens;
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t h = 0; h < H; ++h) {
-      lse::Combiner c(p.base);
-      for (int n = 0; n < p.world; ++n) c.observe_max(p.all_lse[(n * T + t) * H + h]);
-      for (int n = 0; n < p.world; ++n) c.accumulate(p.all_lse[(n * T + t) * H + h]);
-      const float w = c.weight(p.all_lse[(p.rank * T + t) * H + h]);
-      const int64_t ob = (t * H + h) * D;
-      for (int64_t d = 0; d < D; ++d)
-        numeric::store_from_float(p.out, p.out_dtype, ob + d, lse::weighted(w, numeric::load_as_float(p.out, p.out_dtype, ob + d)));
-      if (p.merged_lse) p.merged_lse[t * H + h] = c.merged_lse();
-    }
+  const int64_t D = p.head_dim, R = p.rows;
+  for (int64_t i = 0; i < R; ++i) {
+    lse::Combiner c(p.base);
+    for (int n = 0; n < p.world; ++n) c.observe_max(p.all_lse[n * R + i]);
+    for (int n = 0; n < p.world; ++n) c.accumulate(p.all_lse[n * R + i]);
+    const float w = c.weight(p.all_lse[p.rank * R + i]);
+    for (int64_t d = 0; d < D; ++d)
+      numeric::store_from_float(p.out, p.out_dtype, i * D + d,
+                                lse::weighted(w, numeric::load_as_float(p.out, p.out_dtype, i * D + d)));
+    if (p.merged_lse) p.merged_lse[i] = c.merged_lse();
   }
   return Status::Ok();
 }

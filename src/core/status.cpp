@@ -55,6 +55,14 @@ std::optional<DType> parse_dtype(std::string_view s) {
   return std::nullopt;
 }
 
-const char* lse_base_name(LseBase b) { return b == LseBase::kE ? "e" : "2"; }
+const char* lse_base_name(LseBase b) {
+  switch (b) {
+    case LseBase::kE:
+      return "e";
+    case LseBase::k2:
+      return "2";
+  }
+  return "unknown";
+}
 
 }  // namespace mladcp

@@ -14,6 +14,7 @@
 #include "cpu/kernel.h"
 #include "cpu/thread_pool.h"
 #include "mladcp/backend.h"
+#include "mladcp/cpu.h"
 #include "mladcp/sharding.h"
 
 namespace mladcp {
@@ -214,5 +215,15 @@ std::unique_ptr<Backend> make_cpu_backend_with(const KernelVariant& kernel) {
 }  // namespace cpu
 
 std::unique_ptr<Backend> make_cpu_backend() { return cpu::make_cpu_backend_with(cpu::best_kernel()); }
+
+Status create_cpu_backend(const CpuBackendOptions& options, std::unique_ptr<Backend>* out) {
+  if (!out) return Status::InvalidArgument("out: null");
+  for (cpu::Isa isa : {cpu::Isa::kGeneric, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx})
+    if (options.max_isa == cpu::isa_name(isa)) {
+      *out = cpu::make_cpu_backend_with(cpu::best_kernel(isa));
+      return Status::Ok();
+    }
+  return Status::InvalidArgument("options.max_isa='" + options.max_isa + "': accepted generic, avx2, avx512, amx");
+}
 
 }  // namespace mladcp

@@ -97,19 +97,11 @@ const char* isa_name(Isa isa) {
 
 const KernelVariant* kernel_for(Isa isa) { return cpu_has(isa) ? built_variant(isa) : nullptr; }
 
-const KernelVariant& best_kernel() {
-  static const KernelVariant* chosen = [] {
-    Isa cap = Isa::kAmx;
-    if (const char* env = std::getenv("MLADCP_CPU_ISA")) {
-      for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512, Isa::kAmx})
-        if (std::strcmp(env, isa_name(isa)) == 0) cap = isa;
-    }
-    for (Isa isa : {Isa::kAmx, Isa::kAvx512, Isa::kAvx2, Isa::kGeneric})
-      if (int(isa) <= int(cap))
-        if (const KernelVariant* v = kernel_for(isa)) return v;
-    return &generic::kVariant;
-  }();
-  return *chosen;
+const KernelVariant& best_kernel(Isa max_isa) {
+  for (Isa isa : {Isa::kAmx, Isa::kAvx512, Isa::kAvx2, Isa::kGeneric})
+    if (int(isa) <= int(max_isa))
+      if (const KernelVariant* v = kernel_for(isa)) return *v;
+  return generic::kVariant;
 }
 
 }  // namespace mladcp::cpu

@@ -41,9 +41,8 @@ struct KernelVariant {
   size_t scratch_floats;  // per-thread scratch, 64-byte aligned by the caller
 };
 
-// The best variant this machine runs; `MLADCP_CPU_ISA=generic|avx2|avx512|amx` in the environment
-// caps the choice (for tests and benchmarks).
-const KernelVariant& best_kernel();
+// The best variant this machine runs, up to `max_isa`.
+const KernelVariant& best_kernel(Isa max_isa = Isa::kAmx);
 // The variant for `isa` or nullptr when this build or machine lacks it.
 const KernelVariant* kernel_for(Isa isa);
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/lse_math.h"
 #include "mladcp/config.h"
 
 #ifndef MLADCP_CPU_NS
@@ -43,7 +44,7 @@ inline vf exp2v(vf x) {
   const vf shifter = splat(12582912.0f);  // 1.5 · 2^23: adding it rounds to the nearest integer
   const vf t = x + shifter;
   const vf n = t - shifter;
-  const vf f = (x - n) * 0.69314718055994530942f;
+  const vf f = (x - n) * lse::kLn2;
   vf poly = splat(1.0f / 5040.0f);
   poly = poly * f + (1.0f / 720.0f);
   poly = poly * f + (1.0f / 120.0f);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/lse_math.h"
 #include "core/validate.h"
 #include "cuda/cuda_capabilities.h"
 #include "cuda/cuda_status.h"
@@ -84,8 +85,9 @@ Status current_device_state(DeviceState* out) {
   return device_state(device, out);
 }
 
-// Device-specific checks of a call that passed validate_decode (p has default strides).
-Status check_device_layout(const MlaDecodeParams& p) {
+}  // namespace
+
+Status check_cuda_decode_layout(const MlaDecodeParams& p) {
   if (p.max_seq_len <= 0)
     return invalid("max_seq_len=", p.max_seq_len,
                    ": the cuda backend sizes its grid from it without reading seq_lens; pass an upper bound of "
@@ -106,6 +108,8 @@ Status check_device_layout(const MlaDecodeParams& p) {
   if (p.lse && !aligned(p.lse, 4)) return invalid("lse: address must be 4-byte aligned");
   return Status::Ok();
 }
+
+namespace {
 
 // Which split kernel a call runs and what it costs an SM.
 struct KernelChoice {
@@ -167,7 +171,7 @@ class CudaBackend final : public Backend {
     MLADCP_RETURN_IF_ERROR(validate_decode(in, caps_));
     if (in.num_seqs == 0) return Status::Ok();
     const MlaDecodeParams p = with_default_strides(in);
-    MLADCP_RETURN_IF_ERROR(check_device_layout(p));
+    MLADCP_RETURN_IF_ERROR(check_cuda_decode_layout(p));
     DeviceState dev;
     MLADCP_RETURN_IF_ERROR(current_device_state(&dev));
     const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
@@ -217,7 +221,7 @@ class CudaBackend final : public Backend {
     k.max_blocks_per_seq = p.max_blocks_per_seq;
     k.seq_lens = p.seq_lens;
     k.max_seq_len = p.max_seq_len;
-    k.score_scale_log2 = float(double(p.softmax_scale) * double(p.kv_scale) * 1.4426950408889634);
+    k.score_scale_log2 = float(double(p.softmax_scale) * double(p.kv_scale) * double(lse::kLog2e));
     k.out_scale = p.kv_scale;
     k.out = p.out;
     k.out_fp32 = p.out_dtype == DType::kFP32;

@@ -18,14 +18,15 @@ struct CudaBackendOptions {
                               // less shared memory), so that it can be tested on any device
 };
 
+// The layout rules of the cuda kernels for a call that passed validate_decode (p with default
+// strides): max_seq_len > 0, 16-byte aligned rows and strides. Host-only, touches no memory.
+Status check_cuda_decode_layout(const MlaDecodeParams& p);
+
 // "cuda": split-KV MLA decode over the paged cache on the current device.
 std::unique_ptr<Backend> make_cuda_backend();
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options);
 
-// write_kv_cache on device memory, queued on `stream` (a cudaStream_t; nullptr: the legacy stream).
-// The same contract as write_kv_cache_host except for the slots: they live on the device and are
-// not read on the host, so a slot outside [0, num_blocks · block_size) is skipped like -1 instead of
-// failing the call. No synchronization, no allocation: capturable in a CUDA graph.
+// write_kv_cache_device (mladcp/kv_cache.h) of this backend: the cache write on device memory.
 Status write_kv_cache_cuda(const CacheWriteParams& p, void* stream);
 
 }  // namespace mladcp

@@ -71,12 +71,12 @@ __global__ void __launch_bounds__(kRowsBlockThreads) merge_kernel(const MergePar
 __global__ void __launch_bounds__(kRowsBlockThreads) rescale_kernel(const RescaleParams p) {
   const int tid = threadIdx.x % kRowThreads;
   const int64_t w = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kRowThreads;
-  const int64_t T = p.num_tokens, H = p.num_heads, D = p.head_dim;
-  if (w >= T * H) return;
+  const int64_t R = p.rows, D = p.head_dim;
+  if (w >= R) return;
   lse::Combiner c(p.base);
-  for (int n = 0; n < p.world; ++n) c.observe_max(p.all_lse[n * T * H + w]);
-  for (int n = 0; n < p.world; ++n) c.accumulate(p.all_lse[n * T * H + w]);
-  const float wt = c.weight(p.all_lse[p.rank * T * H + w]);
+  for (int n = 0; n < p.world; ++n) c.observe_max(p.all_lse[n * R + w]);
+  for (int n = 0; n < p.world; ++n) c.accumulate(p.all_lse[n * R + w]);
+  const float wt = c.weight(p.all_lse[p.rank * R + w]);
   for (int64_t d0 = tid; d0 < D; d0 += kRowThreads * kCols) {
     float v[kCols];
 #pragma unroll
@@ -127,7 +127,7 @@ Status launch_merge(const MergeParams& p, void* stream) {
 }
 
 Status launch_rescale(const RescaleParams& p, void* stream) {
-  const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
+  const int64_t rows = p.rows;
   if (rows == 0) return Status::Ok();
   rescale_kernel<<<row_blocks_for(rows), kRowsBlockThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return cuda_status(cudaGetLastError(), "rescale_kernel launch");

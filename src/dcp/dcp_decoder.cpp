@@ -35,6 +35,8 @@ namespace {
 
 constexpr size_t kAlign = 256;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+constexpr int64_t kGroupAlignFloats = int64_t(kAlign / sizeof(float));
+int64_t align_floats(int64_t n) { return (n + kGroupAlignFloats - 1) / kGroupAlignFloats * kGroupAlignFloats; }
 
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -56,6 +58,33 @@ struct Fingerprint {
   }
 };
 
+// The arguments every rank of a step must share, in the order of the agreement round.
+constexpr int kSharedArgs = 11;
+constexpr const char* kSharedArgNames[kSharedArgs] = {
+    "num_seqs",  "q_len",      "num_heads",     "q_dtype",  "q bytes per rank (q_len, heads, strides)",
+    "kv_dtype",  "block_size", "softmax_scale", "seq_lens", "merge_mode",
+    "interleave"};
+
+std::string describe_shared_arg(int i, int64_t v) {
+  switch (i) {
+    case 3:
+    case 5:
+      return dtype_name(DType(v));
+    case 7: {
+      const int32_t bits = int32_t(v);
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      return cat(f);
+    }
+    case 8:
+      return cat("hash ", uint64_t(v));
+    case 9:
+      return dcp_merge_mode_name(DcpMergeMode(v));
+    default:
+      return cat(v);
+  }
+}
+
 }  // namespace
 
 // Where every buffer of one step lives, in elements and bytes, derived from the local params only.
@@ -66,7 +95,10 @@ struct DcpDecoder::Layout {
   int64_t q_stride_token = 0, q_stride_head = 0;
   int64_t q_send_elems = 0;  // one rank's query as sent: (T-1)·st + (Hl-1)·sh + 576 elements
   size_t q_send_bytes = 0;
-  int64_t group_floats = 0;  // a2a: one packed state [T, Hl, 512] + [T, Hl] fp32
+  // a2a: one packed state [T, Hl, 512] + [T, Hl] fp32, padded to kGroupAlignFloats so that every
+  // group starts on a 256-byte boundary (device kernels need 16-byte aligned rows and group strides
+  // that are multiples of 8 elements, whatever T · Hl is).
+  int64_t group_floats = 0;
   // Byte offsets into the workspace.
   size_t q_all = 0;       // [W, q_send_elems] gathered query
   size_t a2a_send = 0;    // [W, group_floats]
@@ -86,8 +118,8 @@ DcpDecoder::DcpDecoder(std::unique_ptr<MlaAttention> a, Communicator* c, const D
     : attention_(std::move(a)),
       comm_(c),
       config_(cfg),
-      agree_send_(new int64_t[2]),
-      agree_recv_(new int64_t[2 * size_t(c->world_size())]) {}
+      agree_send_(new int64_t[kAgreeSlots]),
+      agree_recv_(new int64_t[kAgreeSlots * size_t(c->world_size())]) {}
 
 Status DcpDecoder::create(std::unique_ptr<MlaAttention> attention, Communicator* comm, const DcpConfig& config,
                           std::unique_ptr<DcpDecoder>* out) {
@@ -101,7 +133,6 @@ Status DcpDecoder::create(std::unique_ptr<MlaAttention> attention, Communicator*
                    comm->world_size());
   if (s.rank != comm->rank())
     return invalid("attention shard.rank=", s.rank, ": must equal the communicator's rank ", comm->rank());
-  if (config.interleave < 1) return invalid("config.interleave=", config.interleave, ": must be >= 1");
   if (s.interleave != config.interleave)
     return invalid("attention shard.interleave=", s.interleave, ": must equal config.interleave=", config.interleave);
   if (config.deadline.count() <= 0) return invalid("config.deadline=", config.deadline.count(), " ms: must be > 0");
@@ -146,7 +177,7 @@ DcpDecoder::Layout DcpDecoder::layout(const MlaDecodeParams& local) const {
   l.q_stride_token = local.q_stride_token ? local.q_stride_token : l.Hl * l.q_stride_head;
   l.q_send_elems = (l.T > 0 && l.Hl > 0) ? (l.T - 1) * l.q_stride_token + (l.Hl - 1) * l.q_stride_head + kQkDim : 0;
   l.q_send_bytes = size_t(l.q_send_elems) * dtype_size(local.q_dtype);
-  l.group_floats = l.T * l.Hl * (kLatentDim + 1);
+  l.group_floats = align_floats(l.T * l.Hl * (kLatentDim + 1));
 
   const int64_t W = l.world, T = l.T, Hl = l.Hl;
   MlaDecodeParams& d = l.decode;
@@ -209,6 +240,7 @@ Status DcpDecoder::check_arguments(const MlaDecodeParams& local, const ExecConte
   const BackendCapabilities& caps = attention_->backend().capabilities();
   const int W = l.world;
   if (local.num_seqs < 0) return invalid("num_seqs=", local.num_seqs, ": must be >= 0");
+  MLADCP_RETURN_IF_ERROR(detail::check_shard_matches(local.shard, attention_->shard()));
   if (local.num_heads < 1)
     return invalid("num_heads=", local.num_heads, ": must be >= 1 (this rank's H/W local query heads)");
   if (int64_t(local.num_heads) * W > caps.max_heads)
@@ -220,6 +252,8 @@ Status DcpDecoder::check_arguments(const MlaDecodeParams& local, const ExecConte
                    ": the local query is one group of num_heads heads (use 0); DCP forms the groups itself");
   if (local.out_dtype != DType::kBF16 && local.out_dtype != DType::kFP16 && local.out_dtype != DType::kFP32)
     return invalid("out_dtype=", dtype_name(local.out_dtype), ": DCP writes bf16, fp16 or fp32");
+  if (!detail::valid_lse_base(local.lse_base))
+    return invalid("lse_base=", int(local.lse_base), ": ", detail::kAcceptedLseBases);
   if (W > 1) {
     if (local.out_stride_head && local.out_stride_head < kLatentDim)
       return invalid("out_stride_head=", local.out_stride_head, ": must be >= 512");
@@ -241,7 +275,6 @@ Status DcpDecoder::check_arguments(const MlaDecodeParams& local, const ExecConte
     d.out = &placeholder;
     d.lse = &placeholder;
   }
-  MLADCP_RETURN_IF_ERROR(validate_shard(d.shard, d.block_size));
   MLADCP_RETURN_IF_ERROR(validate_decode(d, caps));
   if (ctx.workspace_size < l.total || (l.total > 0 && !ctx.workspace))
     return invalid("ctx.workspace: ", ctx.workspace ? "" : "null, ", ctx.workspace_size, " bytes given, ", l.total,
@@ -250,11 +283,12 @@ Status DcpDecoder::check_arguments(const MlaDecodeParams& local, const ExecConte
   return Status::Ok();
 }
 
-Status DcpDecoder::agree(const Status& own, uint64_t fingerprint, Clock::time_point deadline) {
+Status DcpDecoder::agree(const Status& own, const int64_t* shared, Clock::time_point deadline) {
+  static_assert(kAgreeSlots == 1 + kSharedArgs);
   const int W = world();
   agree_send_[0] = int64_t(own.code());
-  agree_send_[1] = int64_t(fingerprint);
-  MLADCP_RETURN_IF_ERROR(comm_->all_gather(agree_send_.get(), agree_recv_.get(), 2 * sizeof(int64_t)));
+  for (int i = 0; i < kSharedArgs; ++i) agree_send_[1 + i] = shared[i];
+  MLADCP_RETURN_IF_ERROR(comm_->all_gather(agree_send_.get(), agree_recv_.get(), kAgreeSlots * sizeof(int64_t)));
   const Status waited = comm_->wait(remaining(deadline));
   if (!waited.ok()) {
     if (!own.ok())
@@ -263,18 +297,28 @@ Status DcpDecoder::agree(const Status& own, uint64_t fingerprint, Clock::time_po
   }
   if (!own.ok()) return own;
   for (int r = 0; r < W; ++r) {
-    const auto code = StatusCode(agree_recv_[2 * r]);
+    const auto code = StatusCode(agree_recv_[kAgreeSlots * r]);
     if (code != StatusCode::kOk)
       return Status(StatusCode::kRemoteError,
                     cat("DCP rank ", r, " of ", W, " rejected its decode arguments (", status_code_name(code),
                         "; its own error names the argument); no rank computed anything"));
   }
-  for (int r = 0; r < W; ++r)
-    if (uint64_t(agree_recv_[2 * r + 1]) != fingerprint)
-      return invalid(
-          "DCP ranks disagree on the arguments every rank must share (num_seqs, q_len, num_heads, "
-          "q dtype and strides, kv dtype, block size, softmax_scale, seq_lens): rank ",
-          r, " differs from rank ", rank(), "; no rank computed anything");
+  // Name every shared argument that differs, with each rank's value.
+  std::string differ;
+  for (int i = 0; i < kSharedArgs; ++i) {
+    bool same = true;
+    for (int r = 1; r < W; ++r) same = same && agree_recv_[kAgreeSlots * r + 1 + i] == agree_recv_[1 + i];
+    if (same) continue;
+    std::string values;
+    for (int r = 0; r < W; ++r) {
+      if (r) values += ", ";
+      values += cat("rank ", r, ": ", describe_shared_arg(i, agree_recv_[kAgreeSlots * r + 1 + i]));
+    }
+    if (!differ.empty()) differ += "; ";
+    differ += cat(kSharedArgNames[i], " (", values, ")");
+  }
+  if (!differ.empty())
+    return invalid("DCP ranks disagree on arguments every rank must share: ", differ, "; no rank computed anything");
   return Status::Ok();
 }
 
@@ -290,15 +334,16 @@ Status DcpDecoder::decode(const MlaDecodeParams& local, const ExecContext& ctx, 
 
   Status own = check_arguments(local, ctx, l);
   if (W > 1 && config_.agree_on_validation && comm_->memory() == Device::kHost) {
-    Fingerprint f;
-    for (int64_t v : {int64_t(local.num_seqs), int64_t(local.q_len), int64_t(local.num_heads), int64_t(local.q_dtype),
-                      int64_t(l.q_send_bytes), int64_t(local.kv_dtype), int64_t(local.block_size),
-                      int64_t(config_.merge_mode), int64_t(config_.interleave)})
-      f.add(v);
-    f.add(local.softmax_scale);
+    Fingerprint lens;  // the seq_lens contents (readable on the host only)
     if (own.ok() && host && local.seq_lens)
-      for (int b = 0; b < local.num_seqs; ++b) f.add(local.seq_lens[b]);
-    MLADCP_RETURN_IF_ERROR(agree(own, f.h, deadline));
+      for (int b = 0; b < local.num_seqs; ++b) lens.add(local.seq_lens[b]);
+    int32_t scale_bits = 0;
+    std::memcpy(&scale_bits, &local.softmax_scale, sizeof scale_bits);
+    const int64_t shared[kSharedArgs] = {
+        local.num_seqs,          local.q_len,      local.num_heads, int64_t(local.q_dtype), int64_t(l.q_send_bytes),
+        int64_t(local.kv_dtype), local.block_size, scale_bits,      int64_t(lens.h),        int64_t(config_.merge_mode),
+        config_.interleave};
+    MLADCP_RETURN_IF_ERROR(agree(own, shared, deadline));
   } else {
     MLADCP_RETURN_IF_ERROR(own);
   }
@@ -405,13 +450,11 @@ Status DcpDecoder::decode(const MlaDecodeParams& local, const ExecContext& ctx, 
     if (Status s = comm_->all_gather(part_lse, all_lse, rows * 4); !s.ok()) return fail(s, "LSE all-gather");
     if (Status s = comm_->wait(remaining(deadline)); !s.ok()) return fail(s, "LSE all-gather");
     exchange_ms += lap();
-    // 3b. Scale this rank's partial outputs by b^(lse_rank - lse_global); rows are independent, so
-    // [W, T, Hl] is treated as one token of W·T·Hl heads.
+    // 3b. Scale this rank's partial outputs by b^(lse_rank - lse_global): W·T·Hl independent rows.
     RescaleParams r;
     r.world = W;
     r.rank = rank();
-    r.num_tokens = 1;
-    r.num_heads = int(rows);
+    r.rows = int64_t(rows);
     r.head_dim = kLatentDim;
     r.all_lse = all_lse;
     r.base = base;

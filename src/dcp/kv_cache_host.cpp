@@ -11,18 +11,6 @@ namespace mladcp {
 
 using detail::invalid;
 
-Status validate_shard(const DcpShard& s, int block_size) {
-  if (s.world < 1) return invalid("shard.world=", s.world, ": must be >= 1");
-  if (s.rank < 0 || s.rank >= s.world)
-    return invalid("shard.rank=", s.rank, ": must be in [0, shard.world=", s.world, ")");
-  if (s.interleave < 1) return invalid("shard.interleave=", s.interleave, ": must be >= 1");
-  if (block_size < 1) return invalid("block_size=", block_size, ": must be >= 1");
-  if (block_size % s.interleave != 0)
-    return invalid("block_size=", block_size, ": must be a multiple of shard.interleave=", s.interleave,
-                   " (a rank stores whole interleave runs in each block)");
-  return Status::Ok();
-}
-
 Status compute_slot_mapping_host(const SlotMappingParams& p) {
   MLADCP_RETURN_IF_ERROR(validate_shard(p.shard, p.block_size));
   if (p.num_tokens < 0) return invalid("num_tokens=", p.num_tokens, ": must be >= 0");

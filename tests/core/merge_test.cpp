@@ -11,9 +11,9 @@
 #include <random>
 #include <vector>
 
-#include "check/compare.h"
 #include "common/decode_check.h"
 #include "core/lse_math.h"
+#include "testkit/compare.h"
 
 namespace mladcp::test {
 namespace {
@@ -246,8 +246,7 @@ TEST(RescaleTest, SumOfRescaledRanksEqualsTheMerge) {
       RescaleParams rp;
       rp.world = W;
       rp.rank = r;
-      rp.num_tokens = T;
-      rp.num_heads = H;
+      rp.rows = int64_t(T) * H;
       rp.head_dim = D;
       rp.all_lse = s.lse.data();
       rp.base = base;

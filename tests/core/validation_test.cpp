@@ -62,6 +62,13 @@ std::vector<BadDecode> bad_decodes() {
       {"out_stride_head", [](P p) { p.out_stride_head = 511; }},
       {"out_stride_token", [](P p) { p.out_stride_token = 512; }},
       {"lse_stride_token", [](P p) { p.lse_stride_token = 1; }},
+      // Enum fields holding a value outside the enum (a caller's cast or an uninitialized field).
+      {"lse_base", [](P p) { p.lse_base = static_cast<LseBase>(7); }},
+      {"lse_base", [](P p) { p.lse_base = static_cast<LseBase>(-1); }},
+      {"q_dtype", [](P p) { p.q_dtype = static_cast<DType>(9); }},
+      {"kv_dtype", [](P p) { p.kv_dtype = static_cast<DType>(-3); }},
+      {"out_dtype", [](P p) { p.out_dtype = static_cast<DType>(42); }},
+      {"split_policy", [](P p) { p.split_policy = static_cast<SplitPolicy>(2); }},
   };
 }
 
@@ -216,6 +223,21 @@ TEST(ValidationTest, NoSequencesIsANoOp) {
   }
 }
 
+// Synthetic problems are sized in 64 bits: a cache that int32 block ids cannot index is an error
+// naming the arguments, not an overflow, an exception or an abort.
+TEST(ValidationTest, SyntheticProblemTooLargeForInt32BlockIdsIsAnError) {
+  synthetic::Config c;
+  c.num_seqs = 1000;
+  c.num_heads = 1;
+  c.block_size = 64;
+  c.seq_lens.assign(1000, 1 << 30);
+  synthetic::Problem p;
+  const Status s = synthetic::make_problem(c, &p);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("seq_lens, block_size=64"), std::string::npos) << s.message();
+  EXPECT_TRUE(p.kv_cache.empty());
+}
+
 struct BadMerge {
   std::string name;
   std::function<void(MergeParams&)> mutate;
@@ -232,6 +254,10 @@ TEST(ValidationTest, EveryBadMergeArgumentIsNamedAndNothingIsWritten) {
       {"in_out", [](MergeParams& m) { m.in_out = nullptr; }},
       {"in_lse", [](MergeParams& m) { m.in_lse = nullptr; }},
       {"out:", [](MergeParams& m) { m.out = nullptr; }},
+      {"in_dtype", [](MergeParams& m) { m.in_dtype = static_cast<DType>(17); }},
+      {"in_base", [](MergeParams& m) { m.in_base = static_cast<LseBase>(2); }},
+      {"in_base", [](MergeParams& m) { m.in_base = static_cast<LseBase>(-1); }},
+      {"out_base", [](MergeParams& m) { m.out_base = static_cast<LseBase>(5); }},
   };
   std::vector<float> in(2 * 3 * 4 * 8, 1.0f), in_lse(2 * 3 * 4, 0.5f);
   for (const std::string& backend_name : host_backend_names()) {
@@ -273,12 +299,13 @@ TEST(ValidationTest, EveryBadRescaleArgumentIsNamedAndNothingIsWritten) {
       {"world", [](RescaleParams& r) { r.world = 0; }},
       {"rank", [](RescaleParams& r) { r.rank = 2; }},
       {"rank", [](RescaleParams& r) { r.rank = -1; }},
-      {"num_tokens", [](RescaleParams& r) { r.num_tokens = -1; }},
-      {"num_heads", [](RescaleParams& r) { r.num_heads = 0; }},
+      {"rows", [](RescaleParams& r) { r.rows = -1; }},
       {"head_dim", [](RescaleParams& r) { r.head_dim = 0; }},
       {"out_dtype", [](RescaleParams& r) { r.out_dtype = DType::kFP8E4M3; }},
       {"all_lse", [](RescaleParams& r) { r.all_lse = nullptr; }},
       {"out:", [](RescaleParams& r) { r.out = nullptr; }},
+      {"base=", [](RescaleParams& r) { r.base = static_cast<LseBase>(2); }},
+      {"out_dtype", [](RescaleParams& r) { r.out_dtype = static_cast<DType>(11); }},
   };
   std::vector<float> all_lse(2 * 3 * 4, 0.5f);
   for (const std::string& backend_name : host_backend_names()) {
@@ -290,8 +317,7 @@ TEST(ValidationTest, EveryBadRescaleArgumentIsNamedAndNothingIsWritten) {
       RescaleParams r;
       r.world = 2;
       r.rank = 1;
-      r.num_tokens = 3;
-      r.num_heads = 4;
+      r.rows = 3 * 4;
       r.head_dim = 8;
       r.all_lse = all_lse.data();
       r.out = out.data();

@@ -10,6 +10,7 @@
 
 #include "common/decode_check.h"
 #include "cpu/backends_under_test.h"
+#include "mladcp/cpu.h"
 
 namespace mladcp::test {
 namespace {
@@ -172,6 +173,23 @@ TEST(OracleTest, RandomShapes) {
     cases.push_back(c);
   }
   check_all_backends(cases);
+}
+
+// The instruction set of the "cpu" backend is an option (not the environment): capped at generic it
+// runs the portable kernel, and still matches the oracle; an unknown name is rejected.
+TEST(CpuBackendOptions, MaxIsaCapsTheKernel) {
+  std::unique_ptr<Backend> b;
+  CpuBackendOptions o;
+  o.max_isa = "generic";
+  ASSERT_TRUE(create_cpu_backend(o, &b).ok());
+  EXPECT_NE(b->capabilities().description.find("generic"), std::string::npos) << b->capabilities().description;
+  const synthetic::Problem pr =
+      make_problem(synthetic::Config{.num_seqs = 2, .num_heads = 4, .block_size = 16, .seq_lens = {70, 3}, .seed = 9});
+  EXPECT_TRUE(matches_oracle(*b, pr, DType::kFP32, LseBase::kE));
+  o.max_isa = "avx9";
+  const Status s = create_cpu_backend(o, &b);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("options.max_isa='avx9': accepted generic, avx2, avx512, amx"), std::string::npos);
 }
 
 }  // namespace

@@ -194,8 +194,7 @@ TEST(CudaMerge, MatchesHost) {
   RescaleParams p;
   p.world = W;
   p.rank = rank;
-  p.num_tokens = T;
-  p.num_heads = H;
+  p.rows = int64_t(T) * H;
   p.head_dim = D;
   p.base = base;
   p.out_dtype = t;

@@ -11,11 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "check/compare.h"
 #include "common/decode_check.h"
-#include "core/synthetic.h"
+#include "common/status_assert.h"
+#include "core/lse_math.h"
 #include "cuda/cuda_backend.h"
 #include "mladcp/device_memory.h"
+#include "testkit/compare.h"
+#include "testkit/synthetic.h"
 
 namespace mladcp::test {
 
@@ -23,12 +25,6 @@ namespace mladcp::test {
   do {                                                                                       \
     if (::mladcp::cuda_device_count() == 0)                                                  \
       GTEST_SKIP() << "no CUDA device visible (cuda_device_count() == 0): GPU test skipped"; \
-  } while (0)
-
-#define MLADCP_ASSERT_OK(expr)                               \
-  do {                                                       \
-    const ::mladcp::Status s_ = (expr);                      \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.to_string(); \
   } while (0)
 
 // Tolerance of the cuda decode: the P·V product takes bf16 probabilities (tensor-core operands), so
@@ -139,7 +135,7 @@ inline Status run_device_decode(Backend& backend, const MlaDecodeParams& p, Devi
 inline std::vector<float> lse_in_base(const std::vector<float>& lse_e, LseBase base) {
   std::vector<float> v = lse_e;
   if (base == LseBase::k2)
-    for (float& x : v) x = std::isfinite(x) ? float(double(x) * 1.4426950408889634) : x;
+    for (float& x : v) x = std::isfinite(x) ? x * lse::kLog2e : x;
   return v;
 }
 

@@ -5,17 +5,20 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "check/compare.h"
-#include "core/synthetic.h"
 #include "mladcp/comm.h"
 #include "mladcp/dcp.h"
+#include "testkit/compare.h"
+#include "testkit/synthetic.h"
 
 namespace mladcp::test {
 
-// The host backend the DCP tests run on: $MLADCP_DCP_TEST_BACKEND when set, else "cpu".
+// The backend the DCP tests run on: $MLADCP_DCP_TEST_BACKEND when set, else "cpu". A device backend
+// ("cuda") runs on device buffers of the current device (pair it with a device communicator).
 std::string default_backend();
 
 struct DcpCase {
@@ -31,8 +34,11 @@ struct DcpCase {
   LseBase lse_base = LseBase::kE;
   DcpMergeMode mode = DcpMergeMode::kAllToAll;
   bool strided_io = false;  // q read in place from the all-heads tensor, out written into an all-heads buffer
+  int pad = 0;              // extra elements at the end of every token row of q, out and lse (padded strides)
   uint64_t seed = 1;
   std::string backend = default_backend();  // "cpu", or $MLADCP_DCP_TEST_BACKEND
+  // When set, the DCP step's backend comes from here (`backend` still computes the reference).
+  std::function<std::unique_ptr<Backend>()> step_backend;
   std::chrono::milliseconds deadline{60000};
 };
 

@@ -11,7 +11,7 @@
 
 #include "common/decode_check.h"
 #include "core/numeric.h"
-#include "core/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace mladcp {
 namespace {

@@ -8,10 +8,10 @@
 #include <cstdio>
 #include <thread>
 
-#include "check/compare.h"
 #include "dcp/dcp_case.h"
 #include "mladcp/dcp.h"
 #include "mladcp/mpi.h"
+#include "testkit/compare.h"
 
 namespace mladcp::test {
 namespace {
@@ -20,9 +20,9 @@ using Clock = std::chrono::steady_clock;
 
 std::unique_ptr<Communicator> world_comm() {
   std::unique_ptr<Communicator> c;
-  const Status s = make_mpi_communicator(MPI_COMM_WORLD, MpiCommunicatorOptions{}, &c);
+  const Status s = create_mpi_communicator(MPI_COMM_WORLD, MpiCommunicatorOptions{}, &c);
   if (!s.ok()) {
-    std::fprintf(stderr, "make_mpi_communicator: %s\n", s.to_string().c_str());
+    std::fprintf(stderr, "create_mpi_communicator: %s\n", s.to_string().c_str());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   return c;
@@ -76,7 +76,7 @@ TEST(MpiCommunicator, BorrowedCommunicatorKeepsItsErrorHandler) {
     std::unique_ptr<Communicator> c;
     MpiCommunicatorOptions o;
     o.ownership = MpiOwnership::kBorrow;
-    ASSERT_TRUE(make_mpi_communicator(mine, o, &c).ok());
+    ASSERT_TRUE(create_mpi_communicator(mine, o, &c).ok());
     int x = c->rank(), y[64];
     ASSERT_TRUE(c->all_gather(&x, y, 4).ok());
     ASSERT_TRUE(c->wait(std::chrono::milliseconds(10000)).ok());
@@ -87,7 +87,7 @@ TEST(MpiCommunicator, BorrowedCommunicatorKeepsItsErrorHandler) {
   MPI_Errhandler_free(&h);
   MPI_Comm_free(&mine);
   std::unique_ptr<Communicator> c;
-  EXPECT_EQ(make_mpi_communicator(MPI_COMM_NULL, {}, &c).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(create_mpi_communicator(MPI_COMM_NULL, {}, &c).code(), StatusCode::kInvalidArgument);
 }
 
 // The sweep: every case against single-rank decode; A2A twice, bitwise equal.

@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/synthetic.h"
 #include "mladcp/backend.h"
 #include "mladcp/dcp.h"
 #include "mladcp/mpi.h"
+#include "testkit/synthetic.h"
 
 namespace {
 
@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
   MPI_Comm_split(MPI_COMM_WORLD, faulty ? MPI_UNDEFINED : 0, rank, &survivors);
 
   std::unique_ptr<Communicator> mpi;
-  if (!make_mpi_communicator(MPI_COMM_WORLD, {}, &mpi).ok()) MPI_Abort(MPI_COMM_WORLD, 2);
+  if (!create_mpi_communicator(MPI_COMM_WORLD, {}, &mpi).ok()) MPI_Abort(MPI_COMM_WORLD, 2);
   // Operations per A2A step: agreement all-gather, query all-gather, all-to-all. The faulty rank
   // exits when issuing the all-to-all of its second step.
   ExitingCommunicator exiting(*mpi, mode == "exit" && faulty ? 6 : -1);

@@ -146,6 +146,23 @@ TEST(DcpStepValidation, SharedBadArgumentFailsOnEveryRank) {
   }
 }
 
+// An LSE base outside the enum is rejected before any data moves: named, nothing written, the group
+// still usable.
+TEST(DcpStepValidation, OutOfRangeLseBaseFailsOnEveryRankBeforeAnyExchange) {
+  for (DcpMergeMode mode : {DcpMergeMode::kAllToAll, DcpMergeMode::kAllGatherReduceScatter}) {
+    run_ranks(2, [&](int, Communicator& comm) {
+      Manual m(comm, small_case(mode));
+      m.p.lse_base = static_cast<LseBase>(3);
+      const Status s = m.dcp->decode(m.p, m.ctx);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+      EXPECT_NE(s.message().find("lse_base=3"), std::string::npos) << s.message();
+      EXPECT_TRUE(m.untouched());
+      m.p.lse_base = LseBase::k2;
+      EXPECT_TRUE(m.dcp->decode(m.p, m.ctx).ok());
+    });
+  }
+}
+
 TEST(DcpStepValidation, RankLocalBadBlockIdFailsEverywhereNamingTheRank) {
   for (DcpMergeMode mode : {DcpMergeMode::kAllToAll, DcpMergeMode::kAllGatherReduceScatter}) {
     run_ranks(3, [&](int r, Communicator& comm) {
@@ -186,6 +203,37 @@ TEST(DcpStepValidation, RanksDisagreeingOnSeqLensFail) {
     const Status s = m.dcp->decode(m.p, m.ctx);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
     EXPECT_NE(s.message().find("disagree"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("seq_lens (rank 0: hash"), std::string::npos) << s.message();
+    EXPECT_TRUE(m.untouched());
+  });
+}
+
+// A shard in the call that is not the decoder's is an error, not silently replaced.
+TEST(DcpStepValidation, ForeignShardInTheCallIsRejected) {
+  run_ranks(2, [&](int r, Communicator& comm) {
+    Manual m(comm, small_case(DcpMergeMode::kAllToAll));
+    m.p.shard = DcpShard{2, 1 - r, 2};
+    const Status s = m.dcp->decode(m.p, m.ctx);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find("differs from the shard this object was created with"), std::string::npos)
+        << s.message();
+    EXPECT_TRUE(m.untouched());
+    m.p.shard = DcpShard{};  // default: the decoder's
+    EXPECT_TRUE(m.dcp->decode(m.p, m.ctx).ok());
+  });
+}
+
+// The error names exactly the arguments that differ, with each rank's value.
+TEST(DcpStepValidation, DisagreementNamesTheDifferingArguments) {
+  run_ranks(2, [&](int r, Communicator& comm) {
+    DcpCase c = small_case(r == 0 ? DcpMergeMode::kAllToAll : DcpMergeMode::kAllGatherReduceScatter);
+    c.interleave = r == 0 ? 2 : 1;
+    Manual m(comm, c);
+    const Status s = m.dcp->decode(m.p, m.ctx);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find("merge_mode (rank 0: a2a, rank 1: ag-rs)"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("interleave (rank 0: 2, rank 1: 1)"), std::string::npos) << s.message();
+    EXPECT_EQ(s.message().find("num_seqs"), std::string::npos) << s.message();
     EXPECT_TRUE(m.untouched());
   });
 }

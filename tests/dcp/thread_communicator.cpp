@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "mladcp/device_memory.h"
+
 namespace mladcp::test {
 
 enum class OpKind { kAllGather, kReduceScatter, kAllToAll };
@@ -86,11 +88,12 @@ namespace {
 
 class ThreadCommunicator final : public Communicator {
  public:
-  ThreadCommunicator(std::shared_ptr<ThreadGroup> g, int rank) : group_(std::move(g)), rank_(rank) {}
+  ThreadCommunicator(std::shared_ptr<ThreadGroup> g, int rank, Device memory)
+      : group_(std::move(g)), rank_(rank), memory_(memory) {}
   int rank() const override { return rank_; }
   int world_size() const override { return group_->world(); }
-  Device memory() const override { return Device::kHost; }
-  std::string name() const override { return "threads"; }
+  Device memory() const override { return memory_; }
+  std::string name() const override { return memory_ == Device::kHost ? "threads" : "threads-device"; }
 
   Status all_gather(const void* send, void* recv, size_t bytes) override {
     return queue({OpKind::kAllGather, send, recv, bytes});
@@ -109,6 +112,9 @@ class ThreadCommunicator final : public Communicator {
     const auto end = std::chrono::steady_clock::now() + deadline;
     const int W = group_->world();
     for (const Op& op : queued_) {
+      // Device buffers: this rank's kernels must have written its send buffer before peers read it.
+      if (memory_ != Device::kHost)
+        if (Status s = device_synchronize(); !s.ok()) return fail(s);
       group_->post(rank_, op);
       if (Status s = group_->barrier(rank_, end); !s.ok()) return fail(s);
       for (int peer = 0; peer < W; ++peer) {
@@ -120,7 +126,10 @@ class ThreadCommunicator final : public Communicator {
                                                          " issued " + op_name(other.kind) + " (or another size)"));
         }
       }
-      execute(op);
+      if (Status s = execute(op); !s.ok()) {
+        group_->break_group("rank " + std::to_string(rank_) + ": " + s.message());
+        return fail(s);
+      }
       if (Status s = group_->barrier(rank_, end); !s.ok()) return fail(s);
     }
     queued_.clear();
@@ -149,32 +158,51 @@ class ThreadCommunicator final : public Communicator {
     abort(s.message());
     return s;
   }
-  void execute(const Op& op) {
+  Status copy(void* dst, const void* src, size_t bytes) const {
+    if (memory_ == Device::kHost) {
+      std::memcpy(dst, src, bytes);
+      return Status::Ok();
+    }
+    return copy_device_to_device(dst, src, bytes);  // synchronous (legacy stream)
+  }
+  Status execute(const Op& op) {
     const int W = group_->world();
     switch (op.kind) {
       case OpKind::kAllGather:
         for (int peer = 0; peer < W; ++peer)
-          std::memcpy(static_cast<char*>(op.recv) + size_t(peer) * op.size, group_->posted(peer).send, op.size);
+          MLADCP_RETURN_IF_ERROR(
+              copy(static_cast<char*>(op.recv) + size_t(peer) * op.size, group_->posted(peer).send, op.size));
         break;
       case OpKind::kAllToAll:
         for (int peer = 0; peer < W; ++peer)
-          std::memcpy(static_cast<char*>(op.recv) + size_t(peer) * op.size,
-                      static_cast<const char*>(group_->posted(peer).send) + size_t(rank_) * op.size, op.size);
+          MLADCP_RETURN_IF_ERROR(copy(static_cast<char*>(op.recv) + size_t(peer) * op.size,
+                                      static_cast<const char*>(group_->posted(peer).send) + size_t(rank_) * op.size,
+                                      op.size));
         break;
       case OpKind::kReduceScatter: {
-        float* out = static_cast<float*>(op.recv);
-        for (size_t i = 0; i < op.size; ++i) out[i] = 0.0f;
+        std::vector<float> sum(op.size, 0.0f), in(memory_ == Device::kHost ? 0 : op.size);
         for (int peer = 0; peer < W; ++peer) {
-          const float* in = static_cast<const float*>(group_->posted(peer).send) + size_t(rank_) * op.size;
-          for (size_t i = 0; i < op.size; ++i) out[i] += in[i];
+          const float* src = static_cast<const float*>(group_->posted(peer).send) + size_t(rank_) * op.size;
+          if (memory_ != Device::kHost) {
+            MLADCP_RETURN_IF_ERROR(copy_device_to_host(in.data(), src, op.size * sizeof(float)));
+            src = in.data();
+          }
+          for (size_t i = 0; i < op.size; ++i) sum[i] += src[i];
         }
+        if (memory_ == Device::kHost)
+          std::memcpy(op.recv, sum.data(), op.size * sizeof(float));
+        else
+          MLADCP_RETURN_IF_ERROR(copy_host_to_device(op.recv, sum.data(), op.size * sizeof(float)));
         break;
       }
     }
+    if (memory_ != Device::kHost) MLADCP_RETURN_IF_ERROR(device_synchronize());
+    return Status::Ok();
   }
 
   std::shared_ptr<ThreadGroup> group_;
   int rank_;
+  Device memory_;
   std::vector<Op> queued_;
   bool aborted_ = false;
   std::string reason_;
@@ -182,10 +210,10 @@ class ThreadCommunicator final : public Communicator {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int world) {
+std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int world, Device memory) {
   auto group = std::make_shared<ThreadGroup>(world);
   std::vector<std::unique_ptr<Communicator>> comms;
-  for (int r = 0; r < world; ++r) comms.push_back(std::make_unique<ThreadCommunicator>(group, r));
+  for (int r = 0; r < world; ++r) comms.push_back(std::make_unique<ThreadCommunicator>(group, r, memory));
   return comms;
 }
 

@@ -16,9 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "comm/nccl_dcp_runner.h"
+#include "comm/nccl_single_process.h"
 #include "mladcp/backend.h"
 #include "mladcp/nccl.h"
+#include "testkit/nccl_dcp_runner.h"
 
 namespace mladcp {
 namespace {

@@ -150,11 +150,32 @@ TEST_F(NcclCommunicatorTest, InitErrorIsCommError) {
   EXPECT_EQ(s.code(), StatusCode::kCommError) << s.to_string();
 }
 
-TEST_F(NcclCommunicatorTest, SetsNvlsOffOnlyWhenUnset) {
+TEST_F(NcclCommunicatorTest, OutOfRangeFaultPolicyIsRejected) {
+  NcclOptions o = fast_options();
+  o.adopted_fault_policy = static_cast<NcclAdoptedFaultPolicy>(9);
+  std::unique_ptr<NcclCommunicator> c;
+  const Status s = create_communicator(driver, 0, 2, noop_broadcast(), o, &c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("options.adopted_fault_policy=9"), std::string::npos) << s.message();
+  EXPECT_EQ(c, nullptr);
+}
+
+TEST_F(NcclCommunicatorTest, LeavesTheEnvironmentAloneByDefault) {
   unsetenv("NCCL_NVLS_ENABLE");
   auto c = make();
+  EXPECT_EQ(getenv("NCCL_NVLS_ENABLE"), nullptr);
+}
+
+TEST_F(NcclCommunicatorTest, DisableNvlsSetsItOffOnlyWhenUnset) {
+  unsetenv("NCCL_NVLS_ENABLE");
+  NcclOptions o = fast_options();
+  o.disable_nvls = true;
+  { auto c = make(0, 2, o); }
   ASSERT_NE(getenv("NCCL_NVLS_ENABLE"), nullptr);
   EXPECT_STREQ(getenv("NCCL_NVLS_ENABLE"), "0");
+  setenv("NCCL_NVLS_ENABLE", "1", 1);
+  { auto c = make(0, 2, o); }
+  EXPECT_STREQ(getenv("NCCL_NVLS_ENABLE"), "1");
   setenv("NCCL_NVLS_ENABLE", "0", 1);
 }
 

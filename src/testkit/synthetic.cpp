@@ -1,6 +1,8 @@
-#include "core/synthetic.h"
+#include "testkit/synthetic.h"
 
 #include <algorithm>
+#include <exception>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -76,47 +78,74 @@ Status make_problem(const Config& c, Problem* out) {
   if (c.kv_dtype != DType::kBF16 && c.kv_dtype != DType::kFP8E4M3)
     return invalid("kv_dtype=", dtype_name(c.kv_dtype), ": accepted bf16, fp8_e4m3");
   const DcpShard& s = c.shard;
-  if (s.world < 1 || s.rank < 0 || s.rank >= s.world || s.interleave < 1)
-    return invalid("shard: world=", s.world, " rank=", s.rank, " interleave=", s.interleave,
-                   " (need world >= 1, 0 <= rank < world, interleave >= 1)");
+  MLADCP_RETURN_IF_ERROR(detail::validate_shard_fields(s));
   for (int b = 0; b < c.num_seqs; ++b)
     if (c.seq_lens[b] < 0) return invalid("seq_lens[", b, "]=", c.seq_lens[b], ": must be >= 0");
+
+  // Sizes in 64 bits first: a shape whose cache cannot be indexed by int block ids, or whose buffers
+  // cannot be allocated, is an error, never an overflow or an exception.
+  const int32_t max_len = c.seq_lens.empty() ? 0 : *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
+  const int64_t T = int64_t(c.num_seqs) * c.q_len, H = c.num_heads;
+  std::vector<int64_t> blocks_per_seq(size_t(c.num_seqs));
+  int64_t total = 0;
+  for (int b = 0; b < c.num_seqs; ++b) {
+    const int64_t local = sharding::local_len(c.seq_lens[b], s.world, s.rank, s.interleave);
+    blocks_per_seq[size_t(b)] = (local + c.block_size - 1) / c.block_size;
+    total += blocks_per_seq[size_t(b)];
+  }
+  // Every rank sizes its table for the longest shard (rank 0) of the longest sequence.
+  const int64_t max_local = sharding::local_len(max_len, s.world, 0, s.interleave);
+  const int64_t max_blocks = std::max<int64_t>(1, (max_local + c.block_size - 1) / c.block_size);
+  const int64_t num_blocks = total + std::max(0, c.spare_blocks);
+  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+  if (num_blocks > kIntMax)
+    return invalid("seq_lens, block_size=", c.block_size, ": the cache of this shard needs ", num_blocks,
+                   " blocks; block ids are int32 (at most ", kIntMax,
+                   "): use fewer or shorter sequences or larger blocks");
+  if (int64_t(c.num_seqs) * max_blocks > kIntMax)
+    return invalid("seq_lens, num_seqs=", c.num_seqs, ": the block table needs ", int64_t(c.num_seqs) * max_blocks,
+                   " entries (at most ", kIntMax, ")");
+  const size_t esize = dtype_size(c.kv_dtype);
+  const size_t block_elems = size_t(c.block_size) * kQkDim;
+  const double kv_bytes = double(num_blocks) * double(block_elems) * double(esize);
+  const double q_bytes = double(T) * double(H) * kQkDim * 2.0;
+  constexpr double kMaxBytes = double(int64_t(1) << 50);  // beyond any host: refuse before size_t arithmetic
+  if (kv_bytes + q_bytes > kMaxBytes)
+    return invalid("seq_lens, num_seqs=", c.num_seqs, ", num_heads=", c.num_heads, ": the problem needs ",
+                   kv_bytes + q_bytes, " bytes of host memory");
 
   Problem& p = *out;
   p = Problem{};
   p.config = c;
   p.seq_lens = c.seq_lens;
-  p.max_seq_len = c.seq_lens.empty() ? 0 : *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
-  const int T = c.num_seqs * c.q_len, H = c.num_heads;
+  p.max_seq_len = max_len;
+  p.max_blocks_per_seq = int(max_blocks);
+  p.num_blocks = int(num_blocks);
+  std::vector<int32_t> ids;
+  try {
+    ids.resize(size_t(p.num_blocks));
+    p.q.resize(size_t(T) * size_t(H) * kQkDim);
+    p.kv_cache.assign(size_t(p.num_blocks) * block_elems * esize, 0);
+    p.block_table.assign(size_t(c.num_seqs) * size_t(p.max_blocks_per_seq), kUnusedBlockId);
+  } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+    *out = Problem{};
+    return Status(StatusCode::kUnavailable,
+                  detail::cat("synthetic problem: cannot allocate ", kv_bytes + q_bytes,
+                              " bytes of host memory (cache ", kv_bytes, ", q ", q_bytes, ")"));
+  }
 
   // Queries: [T, H, 576] bf16, a function of (seed, token, head, dim).
-  p.q.resize(size_t(T) * H * kQkDim);
-  for (int t = 0; t < T; ++t)
-    for (int h = 0; h < H; ++h)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
       for (int d = 0; d < kQkDim; ++d)
-        p.q[(size_t(t) * H + h) * kQkDim + d] =
+        p.q[(size_t(t) * size_t(H) + size_t(h)) * kQkDim + size_t(d)] =
             numeric::float_to_bf16(value(c.seed, 0x51ull << 40 | uint64_t(t), uint64_t(h), uint64_t(d)));
 
   // Block pool: the blocks this shard needs, plus spares, in a random order.
-  std::vector<int> blocks_per_seq(c.num_seqs);
-  int total = 0;
-  for (int b = 0; b < c.num_seqs; ++b) {
-    const int64_t local = sharding::local_len(c.seq_lens[b], s.world, s.rank, s.interleave);
-    blocks_per_seq[b] = int((local + c.block_size - 1) / c.block_size);
-    total += blocks_per_seq[b];
-  }
-  // Every rank sizes its table for the longest shard (rank 0) of the longest sequence.
-  const int64_t max_local = sharding::local_len(p.max_seq_len, s.world, 0, s.interleave);
-  p.max_blocks_per_seq = std::max<int>(1, int((max_local + c.block_size - 1) / c.block_size));
-  p.num_blocks = total + std::max(0, c.spare_blocks);
-  std::vector<int32_t> ids(p.num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::mt19937_64 rng(c.seed * 7919 + uint64_t(s.rank));
   std::shuffle(ids.begin(), ids.end(), rng);
 
-  const size_t esize = dtype_size(c.kv_dtype);
-  const size_t block_elems = size_t(c.block_size) * kQkDim;
-  p.kv_cache.assign(size_t(p.num_blocks) * block_elems * esize, 0);
   auto put = [&](size_t elem, float v, bool nan) {
     if (c.kv_dtype == DType::kBF16) {
       const uint16_t bits = nan ? uint16_t(0x7fc0) : numeric::float_to_bf16(v);
@@ -128,14 +157,14 @@ Status make_problem(const Config& c, Problem* out) {
   if (c.poison)
     for (size_t e = 0; e < size_t(p.num_blocks) * block_elems; ++e) put(e, 0.0f, true);
 
-  p.block_table.assign(size_t(c.num_seqs) * p.max_blocks_per_seq, kUnusedBlockId);
-  int next = 0;
+  size_t next = 0;
   for (int b = 0; b < c.num_seqs; ++b) {
     const int64_t local = sharding::local_len(c.seq_lens[b], s.world, s.rank, s.interleave);
-    for (int i = 0; i < blocks_per_seq[b]; ++i) p.block_table[size_t(b) * p.max_blocks_per_seq + i] = ids[next++];
+    for (int64_t i = 0; i < blocks_per_seq[size_t(b)]; ++i)
+      p.block_table[size_t(b) * size_t(p.max_blocks_per_seq) + size_t(i)] = ids[next++];
     for (int64_t k = 0; k < local; ++k) {
       const int64_t g = sharding::local_to_global(k, s.world, s.rank, s.interleave);
-      const int32_t block = p.block_table[size_t(b) * p.max_blocks_per_seq + k / c.block_size];
+      const int32_t block = p.block_table[size_t(b) * size_t(p.max_blocks_per_seq) + size_t(k / c.block_size)];
       const size_t base = size_t(block) * block_elems + size_t(k % c.block_size) * kQkDim;
       for (int d = 0; d < kQkDim; ++d)
         put(base + d, value(c.seed, 0xca11ull << 40 | uint64_t(b), uint64_t(g), uint64_t(d)), false);

@@ -19,10 +19,12 @@
 #include <string>
 #include <vector>
 
-#include "check/compare.h"
-#include "core/synthetic.h"
+#include "comm/nccl_single_process.h"
 #include "mladcp/dcp.h"
 #include "mladcp/nccl.h"
+#include "testkit/compare.h"
+#include "testkit/dcp_command.h"
+#include "testkit/synthetic.h"
 
 namespace mladcp::dcp_gpu {
 
@@ -60,9 +62,9 @@ struct TimingCase {
   DType kv_dtype = DType::kBF16;
   DcpMergeMode merge_mode = DcpMergeMode::kAllToAll;
   SplitPolicy split_policy = SplitPolicy::kBatchInvariant;  // split-KV plan of the local decode
-  bool eager_sync = true;  // eager, host waits (with the deadline) after each exchange
-  bool eager = true;       // eager, no host wait inside the step
-  bool graph = true;       // the step captured in a CUDA graph
+  bool eager_sync = true;                                   // eager, host waits (with the deadline) after each exchange
+  bool eager = true;                                        // eager, no host wait inside the step
+  bool graph = true;                                        // the step captured in a CUDA graph
   int warmup = 10;
   int samples = 50;
   int graph_batch = 5;  // graph replays back to back per sample
@@ -127,20 +129,8 @@ class RankGroup {
   bool mpi_owned_ = false;
 };
 
-// `mladcp dcp` with a device backend: the options of the CPU command plus the GPU count of the
-// single-process mode. Prints rank 0's report (text or JSON); with check, fails on a mismatch.
-struct CommandOptions {
-  std::string backend = "cuda";
-  int heads = 128, batch = 4, context = 4096, q_len = 1, block_size = 64;
-  std::string kv_dtype = "bf16", out_dtype = "bf16", merge = "a2a";
-  int interleave = 1;
-  bool lse = false;
-  int iters = 0;  // timed steps per mode (0: 50)
-  int deadline_ms = 60000;
-  uint64_t seed = 1;
-  bool check = false, json = false;
-  int gpus = 0;  // single-process mode: GPUs (0: all visible); ignored under mpirun
-};
-Status run_command(const CommandOptions& o);
+// `mladcp dcp` with a device backend (the same options as on host ranks, plus o.gpus for the
+// single-process mode). Prints rank 0's report (text or JSON); with o.check, fails on a mismatch.
+Status run_command(const testkit::DcpCommandOptions& o);
 
 }  // namespace mladcp::dcp_gpu

@@ -8,8 +8,8 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/nccl_dcp_runner.h"
 #include "core/validate.h"
+#include "testkit/nccl_dcp_runner.h"
 
 #if MLADCP_HAVE_MPI
 #include <mpi.h>
@@ -71,6 +71,7 @@ Status RankGroup::init(int gpus, std::chrono::milliseconds setup_timeout, bool b
   NcclOptions o;
   o.setup_timeout = setup_timeout;
   o.blocking = blocking;
+  o.disable_nvls = true;  // NVLink SHARP stays off unless the caller's environment decided otherwise
 #if MLADCP_HAVE_MPI
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -115,38 +116,21 @@ Status RankGroup::each(const std::function<Status(NcclCommunicator&)>& body) {
 
 // ---- mladcp dcp --backend cuda -------------------------------------------------------------------
 
-Status run_command(const CommandOptions& o) {
-  setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink SHARP stays off unless the caller decided otherwise
-  const std::optional<DType> kv = parse_dtype(o.kv_dtype);
-  if (!kv || (*kv != DType::kBF16 && *kv != DType::kFP8E4M3))
-    return invalid("--kv-dtype=", o.kv_dtype, ": accepted bf16, fp8");
-  const std::optional<DType> out = parse_dtype(o.out_dtype);
-  if (!out || (*out != DType::kBF16 && *out != DType::kFP32))
-    return invalid("--out-dtype=", o.out_dtype, ": accepted bf16, fp32");
-  const std::optional<DcpMergeMode> mode = parse_dcp_merge_mode(o.merge);
-  if (!mode) return invalid("--merge=", o.merge, ": accepted a2a, ag-rs");
-  if (o.context < o.q_len) return invalid("--context=", o.context, ": must be >= --q-len=", o.q_len);
-  if (o.block_size % o.interleave != 0)
-    return invalid("--block-size=", o.block_size, ": must be a multiple of --interleave=", o.interleave);
-
+Status run_command(const testkit::DcpCommandOptions& o) {
   RankGroup group;
   MLADCP_RETURN_IF_ERROR(group.init(o.gpus));
   const int W = group.world();
-  if (o.heads % W != 0) return invalid("--heads=", o.heads, ": must be a multiple of the number of GPUs (", W, ")");
+  testkit::DcpCommandSetup setup;
+  MLADCP_RETURN_IF_ERROR(testkit::check_dcp_options(o, W, &setup));
+  const DType kv = setup.problem.kv_dtype, out = setup.out_dtype;
+  const DcpMergeMode mode = setup.merge_mode;
   const std::chrono::milliseconds deadline(o.deadline_ms);
 
   CheckCase cc;
-  cc.problem.num_seqs = o.batch;
-  cc.problem.q_len = o.q_len;
-  cc.problem.num_heads = o.heads;
-  cc.problem.block_size = o.block_size;
-  cc.problem.seq_lens = synthetic::uniform_lengths(o.batch, o.context);
-  cc.problem.kv_dtype = *kv;
-  cc.problem.kv_scale = *kv == DType::kFP8E4M3 ? 0.25f : 1.0f;
-  cc.problem.seed = o.seed;
-  cc.merge_mode = *mode;
+  cc.problem = setup.problem;
+  cc.merge_mode = mode;
   cc.interleave = o.interleave;
-  cc.out_dtype = *out;
+  cc.out_dtype = out;
   cc.with_lse = o.lse;
   cc.backend = o.backend;
   cc.deadline = deadline;
@@ -158,8 +142,8 @@ Status run_command(const CommandOptions& o) {
   tc.context = o.context;
   tc.block_size = o.block_size;
   tc.interleave = o.interleave;
-  tc.kv_dtype = *kv;
-  tc.merge_mode = *mode;
+  tc.kv_dtype = kv;
+  tc.merge_mode = mode;
   tc.samples = o.iters > 0 ? o.iters : 50;
   tc.backend = o.backend;
   tc.seed = o.seed;
@@ -202,19 +186,19 @@ Status run_command(const CommandOptions& o) {
   if (!failure.empty()) std::fprintf(stderr, "%s", failure.c_str());
   const bool pass = check[0] == 0.0;
   const double kv_rank = double(timing.kv_bytes_rank);
-  const double kv_full = double(o.batch) * o.context * kQkDim * dtype_size(*kv);
+  const double kv_full = double(o.batch) * o.context * kQkDim * dtype_size(kv);
   if (!group.leader()) return o.check && !pass ? Status::Internal("DCP check failed (see rank 0)") : Status::Ok();
 
   const char* launch = group.under_mpi() ? "mpirun, one process per GPU" : "one process, one thread per GPU";
   if (o.json) {
     std::ostringstream js;
     js << "{\n  \"comm\": \"nccl\",\n  \"nccl\": \"" << nccl_version_string() << "\",\n  \"launch\": \"" << launch
-       << "\",\n  \"world\": " << W << ",\n  \"merge\": \"" << dcp_merge_mode_name(*mode)
+       << "\",\n  \"world\": " << W << ",\n  \"merge\": \"" << dcp_merge_mode_name(mode)
        << "\",\n  \"interleave\": " << o.interleave << ",\n  \"backend\": \"" << o.backend
        << "\",\n  \"shape\": {\"heads\": " << o.heads << ", \"heads_per_rank\": " << o.heads / W
        << ", \"batch\": " << o.batch << ", \"context\": " << o.context << ", \"q_len\": " << o.q_len
-       << ", \"block_size\": " << o.block_size << ", \"kv_dtype\": \"" << dtype_name(*kv) << "\", \"out_dtype\": \""
-       << dtype_name(*out) << "\", \"lse\": " << (o.lse ? "true" : "false") << "},\n  \"seed\": " << o.seed
+       << ", \"block_size\": " << o.block_size << ", \"kv_dtype\": \"" << dtype_name(kv) << "\", \"out_dtype\": \""
+       << dtype_name(out) << "\", \"lse\": " << (o.lse ? "true" : "false") << "},\n  \"seed\": " << o.seed
        << ",\n  \"kv_bytes_full\": " << json_num(kv_full) << ",\n  \"kv_bytes_max_rank\": " << json_num(kv_rank)
        << ",\n  \"kv_saving\": " << json_num(kv_rank > 0 ? kv_full / kv_rank : 0.0)
        << ",\n  \"device_time_us\": {\"eager_sync\": " << json_phases(timing.eager_sync)
@@ -224,15 +208,15 @@ Status run_command(const CommandOptions& o) {
       js << ",\n  \"check\": {\"reference\": \"single-GPU decode of the unsharded cache (" << o.backend
          << ")\", \"modes\": [\"eager\", \"graph\"], \"pass\": " << (pass ? "true" : "false")
          << ", \"out_max_abs_err\": " << json_num(check[1]) << ", \"out_max_rel_err\": " << json_num(check[2])
-         << ", \"out_rel_tolerance\": " << json_num(test::device_pair_tolerance(*out).rel)
+         << ", \"out_rel_tolerance\": " << json_num(test::device_pair_tolerance(out).rel)
          << ", \"lse_max_abs_err\": " << json_num(check[3]) << "}";
     js << "\n}\n";
     std::printf("%s", js.str().c_str());
   } else {
     std::printf("DCP decode over NCCL: %d GPUs (%s), merge %s, interleave %d, NCCL %s\n", W, launch,
-                dcp_merge_mode_name(*mode), o.interleave, nccl_version_string().c_str());
+                dcp_merge_mode_name(mode), o.interleave, nccl_version_string().c_str());
     std::printf("  problem   %d sequences x %d tokens, %d query heads (%d per GPU), q_len %d, kv %s, block %d\n",
-                o.batch, o.context, o.heads, o.heads / W, o.q_len, dtype_name(*kv), o.block_size);
+                o.batch, o.context, o.heads, o.heads / W, o.q_len, dtype_name(kv), o.block_size);
     std::printf("  KV cache  %s per GPU at most, %s unsharded: %.2fx less per GPU\n", gb(kv_rank).c_str(),
                 gb(kv_full).c_str(), kv_rank > 0 ? kv_full / kv_rank : 0.0);
     std::printf("  device time per step (median of %d, max over GPUs)\n", tc.samples);
@@ -249,7 +233,7 @@ Status run_command(const CommandOptions& o) {
       std::printf(
           "  check     every GPU's heads vs single-GPU decode of the unsharded cache (eager and CUDA graph): "
           "out max abs err %.3g, max rel err %.3g (tolerance %.3g)%s: %s\n",
-          check[1], check[2], test::device_pair_tolerance(*out).rel,
+          check[1], check[2], test::device_pair_tolerance(out).rel,
           o.lse ? cat(", LSE max abs err ", check[3]).c_str() : "", pass ? "PASS" : "FAIL");
   }
   if (o.check && !pass) return Status::Internal("DCP check failed: some GPU differs from the single-GPU decode");

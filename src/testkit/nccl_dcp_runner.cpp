@@ -1,5 +1,5 @@
 // DCP decode on GPUs over NCCL: checks against single-GPU decode and device-time measurements.
-#include "comm/nccl_dcp_runner.h"
+#include "testkit/nccl_dcp_runner.h"
 
 #include <cuda_runtime.h>
 
@@ -18,6 +18,8 @@
 #include "core/numeric.h"
 #include "core/validate.h"
 #include "mladcp/backend.h"
+#include "mladcp/kv_cache.h"
+#include "testkit/median.h"
 
 namespace mladcp::dcp_gpu {
 namespace {
@@ -106,12 +108,7 @@ Status wait_event(cudaEvent_t event, NcclCommunicator& comm, Clock::time_point l
   }
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return kNaN;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using testkit::median;
 
 // Deterministic pseudo-random values in [-2, 2) (timing data: random, never zeros).
 class Rng {
@@ -527,9 +524,7 @@ Status run_timing(NcclCommunicator& comm, const TimingCase& c, TimingResult* res
   if (c.num_seqs < 1) return detail::invalid("num_seqs=", c.num_seqs, ": must be >= 1");
   if (c.q_len < 1 || c.q_len > kMaxQLen) return detail::invalid("q_len=", c.q_len, ": must be in [1, ", kMaxQLen, "]");
   if (c.context < c.q_len) return detail::invalid("context=", c.context, ": must be >= q_len");
-  if (c.block_size < 1 || c.interleave < 1 || c.block_size % c.interleave != 0)
-    return detail::invalid("block_size=", c.block_size, ", interleave=", c.interleave,
-                           ": need block_size % interleave == 0");
+  MLADCP_RETURN_IF_ERROR(validate_shard(DcpShard{W, r, c.interleave}, c.block_size));
   if (c.samples < 1 || c.warmup < 0 || c.graph_batch < 1)
     return detail::invalid("samples/warmup/graph_batch: need samples >= 1, warmup >= 0, graph_batch >= 1");
   *result = TimingResult{};

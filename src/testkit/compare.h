@@ -150,15 +150,23 @@ struct Comparison {
 
 // "[i0, i1, ...]" of flat index `i` in a row-major tensor of shape `dims` (or "[i]" without dims).
 inline std::string format_index(size_t i, const std::vector<int64_t>& dims) {
-  if (dims.empty()) return "[" + std::to_string(i) + "]";
+  std::string s = "[";
+  if (dims.empty()) {
+    s += std::to_string(i);
+    s += ']';
+    return s;
+  }
   std::vector<int64_t> idx(dims.size());
   for (size_t k = dims.size(); k-- > 0;) {
     idx[k] = int64_t(i % size_t(dims[k]));
     i /= size_t(dims[k]);
   }
-  std::string s = "[";
-  for (size_t k = 0; k < idx.size(); ++k) s += (k ? ", " : "") + std::to_string(idx[k]);
-  return s + "]";
+  for (size_t k = 0; k < idx.size(); ++k) {
+    if (k) s += ", ";
+    s += std::to_string(idx[k]);
+  }
+  s += ']';
+  return s;
 }
 
 // Compares got with want element by element. An infinite `want` (an empty row's LSE) must be matched
