@@ -113,81 +113,32 @@ Status barrier(Communicator& comm, std::chrono::milliseconds deadline) {
   return all_gather_doubles(comm, {0.0}, &all, deadline);
 }
 
-uint64_t text_hash(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-// The flags every rank must be given alike, as numbers (text flags hashed) for the agreement round.
-struct SharedFlag {
-  const char* name;
-  double value;
-  std::string text;  // this rank's value as given; empty for numeric flags
-};
-
-std::vector<SharedFlag> shared_flags(const DcpOptions& o) {
-  auto num = [](const char* n, double v) { return SharedFlag{n, v, ""}; };
-  auto txt = [](const char* n, const std::string& v) { return SharedFlag{n, double(text_hash(v) >> 12), v}; };
-  return {txt("--backend", o.backend),
-          num("--heads", o.heads),
-          num("--batch", o.batch),
-          num("--context", o.context),
-          num("--q-len", o.q_len),
-          num("--block-size", o.block_size),
-          txt("--kv-dtype", o.kv_dtype),
-          txt("--out-dtype", o.out_dtype),
-          txt("--merge", o.merge),
-          num("--interleave", o.interleave),
-          num("--lse", o.lse),
-          num("--iters", o.iters),
-          num("--deadline-ms", o.deadline_ms),
-          num("--seed", double(o.seed)),
-          num("--check", o.check)};
-}
-
-// Before any other communication: every rank shares whether its flags parsed, its shared flags and
-// its host; a rank whose flags were rejected, or flags that differ between ranks, fail every rank
-// (naming the flags that differ). Returns the number of ranks on this rank's host.
+// Before any other communication: every rank shares whether its flags parsed, its host and the flags
+// all ranks must share; a rank whose flags were rejected, or flags that differ between ranks, fail
+// every rank (naming the flags that differ). Returns the number of ranks on this rank's host.
 Status agree_on_flags(Communicator& comm, const DcpOptions& o, const Status& own, int* ranks_on_host) {
   const int W = comm.world_size();
-  const std::vector<SharedFlag> flags = shared_flags(o);
+  const std::vector<testkit::SharedFlag> flags = testkit::shared_flags(o);
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  std::vector<double> mine{double(int(own.code())), double(text_hash(host) >> 12)};
-  for (const SharedFlag& f : flags) mine.push_back(f.value);
+  std::vector<double> mine{double(int(own.code())), double(testkit::text_hash(host) >> 12)};
+  for (const testkit::SharedFlag& f : flags) mine.push_back(f.value);
   const size_t n = mine.size();
   std::vector<double> all;
   const Status s = all_gather_doubles(comm, mine, &all, std::chrono::milliseconds(o.deadline_ms));
   if (!own.ok()) return own;
   MLADCP_RETURN_IF_ERROR(s);
   *ranks_on_host = 0;
+  std::vector<double> values;
   for (int r = 0; r < W; ++r) {
     if (all[size_t(r) * n] != 0)
       return Status(StatusCode::kRemoteError, detail::cat("rank ", r, " of ", W,
                                                           " rejected its flags (its own error names the flag); "
                                                           "no rank started"));
     if (all[size_t(r) * n + 1] == mine[1]) ++*ranks_on_host;
+    values.insert(values.end(), all.begin() + ptrdiff_t(size_t(r) * n + 2), all.begin() + ptrdiff_t(size_t(r + 1) * n));
   }
-  std::string differ;
-  for (size_t i = 0; i < flags.size(); ++i) {
-    bool same = true;
-    for (int r = 0; r < W; ++r) same = same && all[size_t(r) * n + 2 + i] == mine[2 + i];
-    if (same) continue;
-    if (!differ.empty()) differ += "; ";
-    differ += flags[i].name;
-    if (!flags[i].text.empty()) {  // a text flag: only this rank's own value is known here
-      differ += detail::cat(" (", flags[i].text, " on rank ", comm.rank(), ", another value elsewhere)");
-      continue;
-    }
-    differ += " (";
-    for (int r = 0; r < W; ++r)
-      differ += detail::cat(r ? ", " : "", "rank ", r, ": ", int64_t(all[size_t(r) * n + 2 + i]));
-    differ += ")";
-  }
-  if (!differ.empty())
-    return invalid("ranks disagree on flags every rank must share: ", differ, "; start every rank with the same flags");
-  return Status::Ok();
+  return testkit::flags_agree(flags, values, W, comm.rank());
 }
 
 // Single-rank decode of the unsharded problem for this rank's heads, with the same backend; compares.

@@ -41,4 +41,53 @@ Status check_dcp_options(const DcpCommandOptions& o, int world, DcpCommandSetup*
   return Status::Ok();
 }
 
+uint64_t text_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::vector<SharedFlag> shared_flags(const DcpCommandOptions& o) {
+  auto num = [](const char* n, double v) { return SharedFlag{n, v, ""}; };
+  auto txt = [](const char* n, const std::string& v) { return SharedFlag{n, double(text_hash(v) >> 12), v}; };
+  return {txt("--backend", o.backend),
+          num("--heads", o.heads),
+          num("--batch", o.batch),
+          num("--context", o.context),
+          num("--q-len", o.q_len),
+          num("--block-size", o.block_size),
+          txt("--kv-dtype", o.kv_dtype),
+          txt("--out-dtype", o.out_dtype),
+          txt("--merge", o.merge),
+          num("--interleave", o.interleave),
+          num("--lse", o.lse),
+          num("--iters", o.iters),
+          num("--deadline-ms", o.deadline_ms),
+          num("--seed", double(o.seed)),
+          num("--check", o.check)};
+}
+
+Status flags_agree(const std::vector<SharedFlag>& mine, const std::vector<double>& all, int world, int rank) {
+  const size_t n = mine.size();
+  if (all.size() != n * size_t(world)) return Status::Internal("flags_agree: wrong number of values");
+  std::string differ;
+  for (size_t i = 0; i < n; ++i) {
+    bool same = true;
+    for (int r = 0; r < world; ++r) same = same && all[size_t(r) * n + i] == mine[i].value;
+    if (same) continue;
+    if (!differ.empty()) differ += "; ";
+    differ += mine[i].name;
+    if (!mine[i].text.empty()) {  // a text flag: only this rank's own value is known here
+      differ += detail::cat(" (", mine[i].text, " on rank ", rank, ", another value elsewhere)");
+      continue;
+    }
+    differ += " (";
+    for (int r = 0; r < world; ++r)
+      differ += detail::cat(r ? ", " : "", "rank ", r, ": ", int64_t(all[size_t(r) * n + i]));
+    differ += ")";
+  }
+  if (differ.empty()) return Status::Ok();
+  return invalid("ranks disagree on flags every rank must share: ", differ, "; start every rank with the same flags");
+}
+
 }  // namespace mladcp::testkit

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "mladcp/dcp.h"
 #include "mladcp/status.h"
@@ -43,5 +44,19 @@ struct DcpCommandSetup {
 // Checks that depend only on the options and the number of ranks W, identical on every rank (a bad
 // flag fails everywhere before any communication). Messages name the flag and the accepted values.
 Status check_dcp_options(const DcpCommandOptions& o, int world, DcpCommandSetup* out);
+
+// The flags every rank must be given alike (--iters included), as numbers for an agreement round
+// (text flags hashed).
+struct SharedFlag {
+  const char* name;
+  double value;
+  std::string text;  // this rank's value of a text flag; empty for numeric flags
+};
+std::vector<SharedFlag> shared_flags(const DcpCommandOptions& o);
+uint64_t text_hash(const std::string& s);  // FNV-1a
+
+// `all`: every rank's shared_flags() values, rank after rank. Ok when they agree; else an error that
+// names each differing flag with every rank's value (text flags: this rank's value).
+Status flags_agree(const std::vector<SharedFlag>& mine, const std::vector<double>& all, int world, int rank);
 
 }  // namespace mladcp::testkit

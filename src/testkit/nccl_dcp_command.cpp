@@ -121,10 +121,28 @@ Status run_command(const testkit::DcpCommandOptions& o) {
   MLADCP_RETURN_IF_ERROR(group.init(o.gpus));
   const int W = group.world();
   testkit::DcpCommandSetup setup;
-  MLADCP_RETURN_IF_ERROR(testkit::check_dcp_options(o, W, &setup));
+  const Status own = testkit::check_dcp_options(o, W, &setup);
+  const std::chrono::milliseconds deadline(o.deadline_ms);
+  // Every rank's flags checked, and the same on every rank (--iters included), before any work.
+  MLADCP_RETURN_IF_ERROR(group.each([&](NcclCommunicator& comm) -> Status {
+    const std::vector<testkit::SharedFlag> flags = testkit::shared_flags(o);
+    std::vector<double> mine{double(int(own.code()))};
+    for (const testkit::SharedFlag& f : flags) mine.push_back(f.value);
+    std::vector<double> all;
+    const Status s = all_gather_over_ranks(comm, mine, &all, deadline);
+    if (!own.ok()) return own;
+    MLADCP_RETURN_IF_ERROR(s);
+    std::vector<double> values;
+    for (int r = 0; r < comm.world_size(); ++r) {
+      const size_t at = size_t(r) * mine.size();
+      if (all[at] != 0)
+        return Status(StatusCode::kRemoteError, cat("rank ", r, " rejected its flags (its own error names the flag)"));
+      values.insert(values.end(), all.begin() + ptrdiff_t(at + 1), all.begin() + ptrdiff_t(at + mine.size()));
+    }
+    return testkit::flags_agree(flags, values, comm.world_size(), comm.rank());
+  }));
   const DType kv = setup.problem.kv_dtype, out = setup.out_dtype;
   const DcpMergeMode mode = setup.merge_mode;
-  const std::chrono::milliseconds deadline(o.deadline_ms);
 
   CheckCase cc;
   cc.problem = setup.problem;

@@ -341,21 +341,34 @@ Status barrier(NcclCommunicator& comm, std::chrono::milliseconds deadline) {
   return max_over_ranks(comm, &none, deadline);
 }
 
-Status max_over_ranks(NcclCommunicator& comm, std::vector<double>* values, std::chrono::milliseconds deadline) {
-  if (!values) return detail::invalid("values: null");
-  const int W = comm.world_size();
-  const size_t n = std::max<size_t>(1, values->size());
+Status all_gather_over_ranks(NcclCommunicator& comm, const std::vector<double>& mine, std::vector<double>* all,
+                             std::chrono::milliseconds deadline) {
+  if (!all) return detail::invalid("all: null");
+  const size_t n = std::max<size_t>(1, mine.size());
   std::vector<double> send(n, 0.0);
-  std::copy(values->begin(), values->end(), send.begin());
+  std::copy(mine.begin(), mine.end(), send.begin());
   DevBuf d_send, d_recv;
   MLADCP_RETURN_IF_ERROR(d_send.upload(send.data(), n * sizeof(double)));
-  MLADCP_RETURN_IF_ERROR(d_recv.alloc(size_t(W) * n * sizeof(double)));
+  MLADCP_RETURN_IF_ERROR(d_recv.alloc(size_t(comm.world_size()) * n * sizeof(double)));
   comm.set_wait_for_completion(true);
   MLADCP_RETURN_IF_ERROR(comm.all_gather(d_send.data(), d_recv.data(), n * sizeof(double)));
   MLADCP_RETURN_IF_ERROR(comm.wait(deadline));
-  std::vector<double> all(size_t(W) * n);
-  MLADCP_RETURN_IF_ERROR(d_recv.download(all.data(), all.size() * sizeof(double)));
-  for (size_t i = 0; i < values->size(); ++i) {
+  std::vector<double> gathered(size_t(comm.world_size()) * n);
+  MLADCP_RETURN_IF_ERROR(d_recv.download(gathered.data(), gathered.size() * sizeof(double)));
+  all->clear();
+  for (int r = 0; r < comm.world_size(); ++r)
+    all->insert(all->end(), gathered.begin() + ptrdiff_t(size_t(r) * n),
+                gathered.begin() + ptrdiff_t(size_t(r) * n + mine.size()));
+  return Status::Ok();
+}
+
+Status max_over_ranks(NcclCommunicator& comm, std::vector<double>* values, std::chrono::milliseconds deadline) {
+  if (!values) return detail::invalid("values: null");
+  const int W = comm.world_size();
+  const size_t n = values->size();
+  std::vector<double> all;
+  MLADCP_RETURN_IF_ERROR(all_gather_over_ranks(comm, *values, &all, deadline));
+  for (size_t i = 0; i < n; ++i) {
     double m = all[i];
     for (int r = 1; r < W; ++r) {
       const double v = all[size_t(r) * n + i];

@@ -95,6 +95,9 @@ Status run_timing(NcclCommunicator& comm, const TimingCase& c, TimingResult* res
 
 // Element-wise maximum of `values` over the ranks (NaN wins); the same vector length on every rank.
 Status max_over_ranks(NcclCommunicator& comm, std::vector<double>* values, std::chrono::milliseconds deadline);
+// Every rank's `mine` (the same length on every rank), rank after rank, within the deadline.
+Status all_gather_over_ranks(NcclCommunicator& comm, const std::vector<double>& mine, std::vector<double>* all,
+                             std::chrono::milliseconds deadline);
 
 // Returns once every rank called it (a small all-gather, waited for with the deadline).
 Status barrier(NcclCommunicator& comm, std::chrono::milliseconds deadline);

@@ -10,6 +10,7 @@
 
 #include "common/decode_check.h"
 #include "mladcp/merge.h"
+#include "testkit/dcp_command.h"
 
 namespace mladcp::test {
 namespace {
@@ -236,6 +237,24 @@ TEST(ValidationTest, SyntheticProblemTooLargeForInt32BlockIdsIsAnError) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
   EXPECT_NE(s.message().find("seq_lens, block_size=64"), std::string::npos) << s.message();
   EXPECT_TRUE(p.kv_cache.empty());
+}
+
+// `mladcp dcp` ranks agree on their flags: the error names each differing flag with every rank's value.
+TEST(ValidationTest, DcpFlagAgreementNamesEachDifferingFlag) {
+  testkit::DcpCommandOptions a, b;
+  a.iters = 2;
+  b.iters = 5;
+  b.merge = "ag-rs";
+  const std::vector<testkit::SharedFlag> mine = testkit::shared_flags(a);
+  std::vector<double> all;
+  for (const auto& f : mine) all.push_back(f.value);
+  EXPECT_TRUE(testkit::flags_agree(mine, all, 1, 0).ok());
+  for (const auto& f : testkit::shared_flags(b)) all.push_back(f.value);
+  const Status s = testkit::flags_agree(mine, all, 2, 0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("--iters (rank 0: 2, rank 1: 5)"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("--merge (a2a on rank 0, another value elsewhere)"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("--heads"), std::string::npos) << s.message();
 }
 
 struct BadMerge {
