@@ -62,7 +62,7 @@ Status parse_options(const DecodeOptions& opt, synthetic::Config* cfg, DType* ou
 
 using testkit::median;
 
-// Element-wise tolerance of the output check: the output dtype's rounding (tests/common/compare.h), widened
+// Element-wise tolerance of the output check: the output dtype's rounding (testkit/compare.h), widened
 // for device backends, whose tensor-core P·V product takes bf16 probabilities: a relative rounding of 2^-9
 // per weight, up to 2^-8 of the output scale over a row (the bound of the cuda tests). The relative error
 // ||out - ref|| / ||ref|| must stay within the relative term.

@@ -36,7 +36,9 @@ std::optional<DcpMergeMode> parse_dcp_merge_mode(std::string_view s);  // "a2a",
 
 struct DcpConfig {
   DcpMergeMode merge_mode = DcpMergeMode::kAllToAll;
-  int interleave = 1;  // I: tokens per rank run; block_size % I == 0
+  // I, tokens per rank run (block_size % I == 0). 0 (default): from the attention's shard when created
+  // from an MlaAttention, 1 when created from a backend; any other value must equal the shard's.
+  int interleave = 0;
   // Wall-clock budget of one decode step's communication. A peer that stalls or dies makes the step
   // return kTimeout (the communicator is then aborted) instead of hanging.
   std::chrono::milliseconds deadline{60000};
@@ -62,12 +64,12 @@ struct DcpStepTimes {
 class DcpDecoder {
  public:
   // `attention` fixes the backend and the shard (its world must equal comm->world_size(), its rank
-  // comm->rank(), its interleave config.interleave). `comm` is borrowed and must outlive the decoder;
+  // comm->rank(); config().interleave is the shard's). `comm` is borrowed and must outlive the decoder;
   // its memory must be the backend's. Fails (kUnsupported) when the backend cannot return the LSE
   // for W > 1 (the MlaAttention gate) or cannot write fp32 partial outputs.
   static Status create(std::unique_ptr<MlaAttention> attention, Communicator* comm, const DcpConfig& config,
                        std::unique_ptr<DcpDecoder>* out);
-  // Convenience: builds the MlaAttention for shard {comm world, comm rank, config.interleave}.
+  // Convenience: builds the MlaAttention for shard {comm world, comm rank, config.interleave or 1}.
   static Status create(std::unique_ptr<Backend> backend, Communicator* comm, const DcpConfig& config,
                        std::unique_ptr<DcpDecoder>* out);
 

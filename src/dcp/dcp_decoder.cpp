@@ -133,8 +133,9 @@ Status DcpDecoder::create(std::unique_ptr<MlaAttention> attention, Communicator*
                    comm->world_size());
   if (s.rank != comm->rank())
     return invalid("attention shard.rank=", s.rank, ": must equal the communicator's rank ", comm->rank());
-  if (s.interleave != config.interleave)
-    return invalid("attention shard.interleave=", s.interleave, ": must equal config.interleave=", config.interleave);
+  if (config.interleave != 0 && s.interleave != config.interleave)
+    return invalid("config.interleave=", config.interleave, ": must be 0 (the attention's) or equal the attention's ",
+                   "shard.interleave=", s.interleave);
   if (config.deadline.count() <= 0) return invalid("config.deadline=", config.deadline.count(), " ms: must be > 0");
   if (config.merge_mode != DcpMergeMode::kAllToAll && config.merge_mode != DcpMergeMode::kAllGatherReduceScatter)
     return invalid("config.merge_mode: accepted a2a, ag-rs");
@@ -151,7 +152,9 @@ Status DcpDecoder::create(std::unique_ptr<MlaAttention> attention, Communicator*
     return Status::Unsupported(cat("backend '", caps.name, "' cannot write fp32 outputs (accepts ",
                                    detail::join_dtypes(caps.out_dtypes), "); DCP exchanges fp32 partial states"));
   MLADCP_RETURN_IF_ERROR(comm->health());
-  out->reset(new DcpDecoder(std::move(attention), comm, config));
+  DcpConfig derived = config;
+  derived.interleave = s.interleave;
+  out->reset(new DcpDecoder(std::move(attention), comm, derived));
   return Status::Ok();
 }
 
@@ -161,7 +164,7 @@ Status DcpDecoder::create(std::unique_ptr<Backend> backend, Communicator* comm, 
   DcpShard shard;
   shard.world = comm->world_size();
   shard.rank = comm->rank();
-  shard.interleave = config.interleave;
+  shard.interleave = config.interleave ? config.interleave : 1;
   std::unique_ptr<MlaAttention> attention;
   MLADCP_RETURN_IF_ERROR(MlaAttention::create(std::move(backend), shard, &attention));
   return create(std::move(attention), comm, config, out);

@@ -248,9 +248,17 @@ TEST(DcpStepValidation, CreateChecksTheGroupAndTheBackend) {
   Status s = DcpDecoder::create(std::move(att), comms[0].get(), cfg, &dcp);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("shard.world=3"), std::string::npos) << s.message();
+  // The interleave comes from the attention's shard; an explicit different one is an error.
   ASSERT_TRUE(MlaAttention::create(make_backend(default_backend()), DcpShard{2, 0, 4}, &att).ok());
   s = DcpDecoder::create(std::move(att), comms[0].get(), cfg, &dcp);
-  EXPECT_NE(s.message().find("interleave"), std::string::npos) << s.message();
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(dcp->config().interleave, 4);
+  cfg.interleave = 2;
+  ASSERT_TRUE(MlaAttention::create(make_backend(default_backend()), DcpShard{2, 0, 4}, &att).ok());
+  s = DcpDecoder::create(std::move(att), comms[0].get(), cfg, &dcp);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("config.interleave=2"), std::string::npos) << s.message();
+  cfg.interleave = 0;
   cfg.deadline = std::chrono::milliseconds(0);
   s = DcpDecoder::create(make_backend(default_backend()), comms[1].get(), cfg, &dcp);
   EXPECT_NE(s.message().find("deadline"), std::string::npos) << s.message();
