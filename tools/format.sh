@@ -15,6 +15,20 @@ if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 else
   mapfile -t files < <(find apps bench examples include src tests -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
 fi
+# .clang-format-ignore: path patterns (shell globs) of files to leave alone; comments start with '#'.
+if [ -f .clang-format-ignore ]; then
+  mapfile -t ignored < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' .clang-format-ignore)
+  kept=()
+  for f in "${files[@]}"; do
+    skip=0
+    for pattern in "${ignored[@]}"; do
+      # shellcheck disable=SC2053
+      [[ "$f" == $pattern ]] && skip=1 && break
+    done
+    ((skip)) || kept+=("$f")
+  done
+  files=("${kept[@]}")
+fi
 if [ "${1:-}" != "--check" ]; then
   clang-format -i "${files[@]}"
   exit 0

@@ -24,7 +24,7 @@ struct DecodeOptions {
   std::string out_dtype = "bf16";                   // bf16 | fp32
   std::string lse_base = "e";                       // e | 2
   bool no_lse = false;                              // ask the kernel for no LSE
-  std::string split_policy = "fill";                 // invariant | fill (device backends' split-KV plan)
+  std::string split_policy = "fill";                // invariant | fill (device backends' split-KV plan)
   int dcp_world = 1, dcp_rank = 0, interleave = 1;  // decode the shard of rank dcp_rank
   int iters = 0;    // timed runs after one warm-up; 0: as many as fit in about 2 s (1..100)
   int threads = 0;  // host backends: 0 = all hardware threads

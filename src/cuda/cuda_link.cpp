@@ -7,9 +7,10 @@
 #include "mladcp/kv_cache.h"
 
 extern "C" const void* mladcp_cuda_linked() {
-  static const void* const parts[] = {reinterpret_cast<const void*>(static_cast<std::unique_ptr<mladcp::Backend> (*)()>(&mladcp::make_cuda_backend)),
-                                      reinterpret_cast<const void*>(&mladcp::cuda_device_count),
-                                      reinterpret_cast<const void*>(&mladcp::write_kv_cache_cuda),
-                                      reinterpret_cast<const void*>(&mladcp::device_alloc)};
+  static const void* const parts[] = {
+      reinterpret_cast<const void*>(static_cast<std::unique_ptr<mladcp::Backend> (*)()>(&mladcp::make_cuda_backend)),
+      reinterpret_cast<const void*>(&mladcp::cuda_device_count),
+      reinterpret_cast<const void*>(&mladcp::write_kv_cache_cuda),
+      reinterpret_cast<const void*>(&mladcp::device_alloc)};
   return parts;
 }
