@@ -15,7 +15,8 @@
 // Output per configuration and policy:
 //   LENS mladcp h b s_q ctx variant sum_len max_len table_hash
 //   RESULT mladcp[-policy] h b s_q ctx variant median_us GB/s TFLOP/s
-// ("mladcp" is the default policy, "mladcp-nolse" the default without LSE; GB/s = (Σ len·1152 + q + out bytes) / t; TFLOP/s = 2·1088·h·Σ visible / t.)
+// ("mladcp" is the default policy, "mladcp-nolse" the default without LSE; GB/s = (Σ len·1152 + q + out bytes) / t;
+// TFLOP/s = 2·1088·h·Σ visible / t.)
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -58,8 +59,9 @@ Case make_case(const PeerConfig& c) {
   Case k;
   k.lens.assign(size_t(c.b), c.ctx);
   for (int i = 0; i < c.b; ++i) {
-    if (vid == 1) k.lens[size_t(i)] = int(std::max<uint64_t>(uint64_t(c.ctx / 2) + rng.next() % uint64_t(c.ctx + 1),
-                                                            uint64_t(c.s_q)));
+    if (vid == 1)
+      k.lens[size_t(i)] =
+          int(std::max<uint64_t>(uint64_t(c.ctx / 2) + rng.next() % uint64_t(c.ctx + 1), uint64_t(c.s_q)));
     if (vid == 2) k.lens[size_t(i)] = i % 2 == 1 ? 0 : c.ctx;
   }
   k.max_len = *std::max_element(k.lens.begin(), k.lens.end());

@@ -57,7 +57,7 @@ struct Smem {
   static constexpr int kv = q + kTileBytes;
   static constexpr int red = kv + 2 * kTileBytes;
   static constexpr int ok = red + 6 * 64 * 4;
-  static constexpr int full = ok + 2 * 8;               // [2][9] u64
+  static constexpr int full = ok + 2 * 8;                 // [2][9] u64
   static constexpr int empty = full + 2 * kSubTiles * 8;  // [2][2] u64
   static constexpr int total = empty + 4 * 8;
 };
@@ -113,8 +113,7 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
-               "r"(bytes)
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
                : "memory");
 }
 // Waits until the phase of parity `parity` has completed.
@@ -169,32 +168,33 @@ __device__ __forceinline__ void wgmma_qk_m64n64(float (&d)[32], uint64_t desc_a,
       "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), \
       "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), \
       "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-#define MLADCP_O128_REGS                                                                       \
-  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                     \
-  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                           \
-  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                           \
-  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"                           \
-  "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"                           \
-  "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"                           \
-  "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"               \
+#define MLADCP_O128_REGS                                                         \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                       \
+  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"             \
+  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"             \
+  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"             \
+  "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"             \
+  "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"             \
+  "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111," \
   "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
 
 // O (64 × 256) += P·V over 16 keys; P from shared memory (K-major descriptor), V N-major.
 __device__ __forceinline__ void wgmma_pv_ss(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MLADCP_O128_REGS
-               "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-               : MLADCP_O128
-               : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MLADCP_O128_REGS "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : MLADCP_O128
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 // O (64 × 256) += P·V over 16 keys; P from registers (the A fragment of the m64k16 shape).
 __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                             uint64_t desc_b, int accumulate) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MLADCP_O128_REGS
-               "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
-               : MLADCP_O128
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(accumulate));
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MLADCP_O128_REGS
+      "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+      : MLADCP_O128
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(accumulate));
 }
 #undef MLADCP_O128
 #undef MLADCP_O128_REGS
@@ -330,8 +330,8 @@ __device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&p)[16], 
 }
 
 // P·scale (bf16) → a [64 rows][64 keys] K-major swizzled tile (the rope column block of a stage).
-__device__ __forceinline__ void store_p(uint8_t* dst, const float (&s)[32], const float (&scale)[2],
-                                        const RowState& st, int lane) {
+__device__ __forceinline__ void store_p(uint8_t* dst, const float (&s)[32], const float (&scale)[2], const RowState& st,
+                                        int lane) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int tt = 8 * j + 2 * (lane & 3);
@@ -404,7 +404,7 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
   uint64_t* const ok = reinterpret_cast<uint64_t*>(smem + Smem::ok);
   const int32_t* const bt_row = p.block_table + int64_t(w.seq) * p.block_table_stride;
   const int rows = p.block_size < kTile ? p.block_size : kTile;  // keys per copy
-  const int copies = kTile / rows;                                 // 1, 2 or 4
+  const int copies = kTile / rows;                               // 1, 2 or 4
   // Keys are evicted first from L2 (evict-normal when row chunks share keys measured 1-4% slower at
   // 128 heads: the chunks of a split run side by side and meet their keys in L2 anyway).
   uint64_t policy;
@@ -512,12 +512,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t kv_addr = smem_addr(kv_s);
   // Operand descriptors (low words; everything here is warp-uniform, and each warpgroup's branch below
   // adds only constants, so the descriptors stay in uniform registers).
-  constexpr uint32_t kStage = kTileBytes >> 4;           // one stage in descriptor address units
-  constexpr uint32_t kHalf = (4 * kBlockBytes) >> 4;     // value columns 256-511 of a stage
+  constexpr uint32_t kStage = kTileBytes >> 4;        // one stage in descriptor address units
+  constexpr uint32_t kHalf = (4 * kBlockBytes) >> 4;  // value columns 256-511 of a stage
   const uint32_t q_lo = kmajor_lo(smem_addr(q_s));
-  const uint32_t k_lo0 = kmajor_lo(kv_addr);                  // keys of stage 0
+  const uint32_t k_lo0 = kmajor_lo(kv_addr);                    // keys of stage 0
   const uint32_t p_lo0 = kmajor_lo(kv_addr + 8 * kBlockBytes);  // P over the rope block of stage 0
-  const uint32_t v_lo0 = nmajor_lo(kv_addr);                  // values of stage 0, columns 0-255
+  const uint32_t v_lo0 = nmajor_lo(kv_addr);                    // values of stage 0, columns 0-255
   // The tile whose last keys lie past the split's end (rows [tail_valid, 64) to zero), or -1.
   const int tail_tile = (w.k_end - w.k_begin) % kTile ? w.ntiles - 1 : -1;
   const int tail_valid = (w.k_end - w.k_begin) % kTile;

@@ -2,6 +2,8 @@
 // against the oracle, and its batch invariance. On other devices the same shapes run the portable
 // kernel and the tests still hold. Every shape is also run with CudaBackendOptions::hopper_kernel = false
 // (portable kernel on Hopper), so both kernels are checked on one device.
+#include "cuda/sm90_decode.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
-#include "cuda/sm90_decode.h"
 
 namespace mladcp::test {
 namespace {
@@ -58,25 +59,25 @@ std::unique_ptr<Backend> cuda_backend(bool portable) {
 
 std::vector<synthetic::Config> hopper_shapes() {
   return {
-      config(64, 1, 1, {0, 1, 63, 64, 65, 333}, 201),                    // block size 1: portable fallback
-      config(64, 1, 48, {47, 48, 49, 700}, 202),                         // block size 48: portable fallback
-      config(16, 1, 64, {4097, 0, 130, 1}, 210),                         // 16 rows: the portable kernel
-      config(16, 4, 64, {4, 200, 2049, 0}, 211),                         // 16 heads × q_len 4 = 64 rows packed
-      config(128, 2, 64, {2, 700, 4100}, 212),                           // q_len 2: four row chunks
-      config(24, 3, 64, {3, 65, 1000}, 213),                             // 72 rows: two chunks, 8 in the second
-      config(64, 1, 32, {31, 32, 33, 2100}, 214),                        // pages of 32 keys: two copies per tile
-      config(32, 1, 16, {15, 17, 2049}, 215),                            // pages of 16 keys: four copies per tile
-      config(64, 1, 128, {127, 129, 4300}, 216),                         // pages of 128 keys: half a page per tile
-      config(128, 1, 64, {5000}, 217),                                   // one sequence, three splits
-      config(128, 1, 64, {1, 64, 65, 640, 0, 2047, 2048, 2049}, 218),    // eight sequences, one empty
-      config(64, 1, 64, {0, 1, 0}, 219),                                 // empty sequences around a one-key one
+      config(64, 1, 1, {0, 1, 63, 64, 65, 333}, 201),                      // block size 1: portable fallback
+      config(64, 1, 48, {47, 48, 49, 700}, 202),                           // block size 48: portable fallback
+      config(16, 1, 64, {4097, 0, 130, 1}, 210),                           // 16 rows: the portable kernel
+      config(16, 4, 64, {4, 200, 2049, 0}, 211),                           // 16 heads × q_len 4 = 64 rows packed
+      config(128, 2, 64, {2, 700, 4100}, 212),                             // q_len 2: four row chunks
+      config(24, 3, 64, {3, 65, 1000}, 213),                               // 72 rows: two chunks, 8 in the second
+      config(64, 1, 32, {31, 32, 33, 2100}, 214),                          // pages of 32 keys: two copies per tile
+      config(32, 1, 16, {15, 17, 2049}, 215),                              // pages of 16 keys: four copies per tile
+      config(64, 1, 128, {127, 129, 4300}, 216),                           // pages of 128 keys: half a page per tile
+      config(128, 1, 64, {5000}, 217),                                     // one sequence, three splits
+      config(128, 1, 64, {1, 64, 65, 640, 0, 2047, 2048, 2049}, 218),      // eight sequences, one empty
+      config(64, 1, 64, {0, 1, 0}, 219),                                   // empty sequences around a one-key one
       config(128, 1, 64, {5000, 33, 777}, 220, DType::kBF16, {4, 2, 16}),  // DCP rank 2 of 4, interleave 16
-      config(80, 1, 64, {5, 130, 1000}, 203),                            // two row chunks, the second 16 rows
-      config(4, 16, 64, {16, 17, 80, 600}, 204),                         // 64 rows = 16 tokens × 4 heads (causal)
-      config(128, 1, 64, {4096, 4097, 8200, 1, 0}, 205),                 // split boundaries, 1-3 splits, empty
-      config(64, 2, 32, {3, 300, 5000}, 206, DType::kBF16, {2, 1, 1}),   // DCP rank 1 of 2, interleave 1
-      config(32, 4, 64, {4, 200, 4500}, 207, DType::kBF16, {4, 3, 64}),  // DCP rank 3 of 4, interleave 64
-      config(64, 3, 16, {0, 3, 4, 130}, 208, DType::kBF16, {4, 0, 2}),   // rows whose local keys are all masked
+      config(80, 1, 64, {5, 130, 1000}, 203),                              // two row chunks, the second 16 rows
+      config(4, 16, 64, {16, 17, 80, 600}, 204),                           // 64 rows = 16 tokens × 4 heads (causal)
+      config(128, 1, 64, {4096, 4097, 8200, 1, 0}, 205),                   // split boundaries, 1-3 splits, empty
+      config(64, 2, 32, {3, 300, 5000}, 206, DType::kBF16, {2, 1, 1}),     // DCP rank 1 of 2, interleave 1
+      config(32, 4, 64, {4, 200, 4500}, 207, DType::kBF16, {4, 3, 64}),    // DCP rank 3 of 4, interleave 64
+      config(64, 3, 16, {0, 3, 4, 130}, 208, DType::kBF16, {4, 0, 2}),     // rows whose local keys are all masked
       config(128, 1, 64, {128, 192, 2048, 2111}, 209),  // whole tile pairs, an odd last split of one tile
   };
 }

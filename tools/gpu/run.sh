@@ -68,12 +68,13 @@ if want build; then
         -DMLADCP_WITH_CUDA=ON -DMLADCP_WITH_NCCL=OFF -DMLADCP_WITH_MPI=OFF -DMLADCP_BUILD_APPS=OFF \
         -DMLADCP_BUILD_BENCH=ON -DMLADCP_BUILD_TESTS=ON -DMLADCP_CUDA_PTXAS_VERBOSE=ON \
         "-DMLADCP_CUDA_GENCODE_PORTABLE=${MLADCP_GPU_ARCH:-}" &&
-        ninja -C "$build" -j "$(nproc)" cuda_decode_test cuda_state_test mladcp_gpu_bench mladcp_peer_bench
+        ninja -C "$build" -j "$(nproc)" cuda_decode_test cuda_state_test cuda_dcp_test mladcp_gpu_bench mladcp_peer_bench
     } >>"$out/build.log" 2>&1
     rc=$?
     bin="$build/gpu-bin"
     mkdir -p "$bin"
-    for b in tests/cuda/cuda_decode_test tests/cuda/cuda_state_test bench/gpu/mladcp_gpu_bench bench/gpu/mladcp_peer_bench; do
+    for b in tests/cuda/cuda_decode_test tests/cuda/cuda_state_test tests/cuda/cuda_dcp_test bench/gpu/mladcp_gpu_bench \
+      bench/gpu/mladcp_peer_bench; do
       [ -x "$build/$b" ] && cp "$build/$b" "$bin/"
     done
     how="built here"
@@ -124,6 +125,7 @@ if want test; then
   rc1=$?
   run_sharded "$bin/cuda_state_test" 4 "$out/tests.log"
   rc2=$?
+  [ -x "$bin/cuda_dcp_test" ] && { run_sharded "$bin/cuda_dcp_test" 8 "$out/tests.log" || rc2=1; }
   passed=$(grep -c '^\[       OK \]' "$out/tests.log")
   failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$out/tests.log")
   skipped=$(grep -c '^\[  SKIPPED \] [A-Za-z].*(' "$out/tests.log")
