@@ -22,6 +22,7 @@
 #   MLADCP_GPU_BUDGET_S      seconds the whole script may take (default 540); later stages get what is left
 #   MLADCP_PEERS_MLADCP_ONLY=1  peers stage without FlashMLA (iterations; a recorded ratio needs both)
 #   MLADCP_GPU_PROFILE_CONFIGS  profile stage configurations (H,B,CTX,QLEN,KV ...)
+#   MLADCP_GPU_NCCL=ON       build the NCCL communicator too (the Python module's DcpDecoder tests use it)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -65,7 +66,7 @@ if want build; then
     [ -n "${MLADCP_GPU_PREBUILT:-}" ] && echo "prebuilt binaries in '$MLADCP_GPU_PREBUILT' do not start here; building" >>"$out/build.log"
     {
       cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLADCP_DEPS_DIR="$root/.deps" \
-        -DMLADCP_WITH_CUDA=ON -DMLADCP_WITH_NCCL=OFF -DMLADCP_WITH_MPI=OFF -DMLADCP_BUILD_APPS=OFF \
+        -DMLADCP_WITH_CUDA=ON "-DMLADCP_WITH_NCCL=${MLADCP_GPU_NCCL:-OFF}" -DMLADCP_WITH_MPI=OFF -DMLADCP_BUILD_APPS=OFF \
         -DMLADCP_BUILD_BENCH=ON -DMLADCP_BUILD_TESTS=ON -DMLADCP_CUDA_PTXAS_VERBOSE=ON \
         "-DMLADCP_CUDA_GENCODE_PORTABLE=${MLADCP_GPU_ARCH:-}" &&
         ninja -C "$build" -j "$(nproc)" cuda_decode_test cuda_state_test cuda_dcp_test mladcp_gpu_bench mladcp_peer_bench
