@@ -13,6 +13,13 @@ from conftest import make_case, reference, torch_or_skip
 import mladcp
 
 torch = torch_or_skip()
+
+
+def assert_gpu_close(got, want):
+    """The cuda backend's accuracy (docs/cuda.md, Precision): probabilities enter P·V as bf16, so an output
+    element carries up to 2^-9 of its row's largest value; checked at 2^-8 relative plus 2^-8 of the output
+    scale, as the C++ GPU tests do."""
+    np.testing.assert_allclose(got, want, rtol=2.0**-8, atol=2.0**-8 * float(np.abs(want).max()))
 if not (mladcp.cuda_built and torch.cuda.is_available()):
     pytest.skip("no GPU, or mladcp/torch built without CUDA", allow_module_level=True)
 
@@ -53,7 +60,7 @@ def test_cuda_decode_matches_reference(rng, q_len, out_dtype):
     assert out.is_cuda and lse.is_cuda
     ro, rl = reference(case)
     torch.cuda.synchronize()
-    np.testing.assert_allclose(out.float().cpu().numpy(), ro, atol=2e-2 if out_dtype == "bf16" else 2e-3)
+    assert_gpu_close(out.float().cpu().numpy(), ro)
     np.testing.assert_allclose(lse.cpu().numpy(), rl, atol=1e-3)
 
 
@@ -69,7 +76,7 @@ def test_current_stream_explicit_stream_and_graph_replay(rng):
         mladcp.decode(q, kv, bt, sl, softmax_scale=case.scale, out=out, lse=lse)
     side.synchronize()
     ro, rl = reference(case)
-    np.testing.assert_allclose(out.cpu().numpy(), ro, atol=2e-3)
+    assert_gpu_close(out.cpu().numpy(), ro)
     other = torch.cuda.Stream()
     out2 = torch.full_like(out, float("nan"))
     mladcp.decode(q, kv, bt, sl, softmax_scale=case.scale, out=out2, lse=False, stream=other)
@@ -86,7 +93,7 @@ def test_current_stream_explicit_stream_and_graph_replay(rng):
     torch.cuda.synchronize()
     case.q = case2.q
     ro2, rl2 = reference(case)
-    np.testing.assert_allclose(out.cpu().numpy(), ro2, atol=2e-3)
+    assert_gpu_close(out.cpu().numpy(), ro2)
     np.testing.assert_allclose(lse.cpu().numpy(), rl2, atol=1e-3)
 
 
@@ -149,7 +156,7 @@ def test_device_mismatch_and_fp8_cache(rng):
     host_cache = cache.cpu().view(torch.uint8).numpy()
     ro, rl = mladcp.decode(case.q, host_cache, bt8.cpu().numpy(), case.seq_lens, softmax_scale=case.scale,
                            kv_scale=0.5, out_dtype="fp32", backend="cpu-reference")
-    np.testing.assert_allclose(o8.cpu().numpy(), ro, atol=2e-3)
+    assert_gpu_close(o8.cpu().numpy(), ro)
     np.testing.assert_allclose(l8.cpu().numpy(), rl, atol=1e-3)
 
 
@@ -175,7 +182,7 @@ def test_dcp_decoder_over_a_one_rank_nccl_group(rng, tmp_path, adopt):
         out, lse = dec.decode(q, kv, bt, sl, softmax_scale=case.scale, q_len=2, lse=True, out_dtype="fp32")
         torch.cuda.synchronize()
         ro, rl = reference(case)
-        np.testing.assert_allclose(out.cpu().numpy(), ro, atol=2e-3)
+        assert_gpu_close(out.cpu().numpy(), ro)
         np.testing.assert_allclose(lse.cpu().numpy(), rl, atol=1e-3)
         host_out = np.full((6, 16, 512), 3.0, np.float32)
         with pytest.raises(ValueError, match="communicator"):
@@ -193,7 +200,7 @@ def test_dcp_decoder_over_a_one_rank_nccl_group(rng, tmp_path, adopt):
         torch.cuda.synchronize()
         case.q = case2.q
         ro2, rl2 = reference(case)
-        np.testing.assert_allclose(out.cpu().numpy(), ro2, atol=2e-3)
+        assert_gpu_close(out.cpu().numpy(), ro2)
         np.testing.assert_allclose(lse.cpu().numpy(), rl2, atol=1e-3)
         del dec
     finally:
@@ -242,6 +249,6 @@ def test_cupy_tensors(rng):
     out, lse = mladcp.decode(q, kv, bt, sl, softmax_scale=case.scale)
     cupy.cuda.get_current_stream().synchronize()
     ro, rl = reference(case)
-    np.testing.assert_allclose(cupy.asnumpy(out), ro, atol=2e-3)
+    assert_gpu_close(cupy.asnumpy(out), ro)
     np.testing.assert_allclose(cupy.asnumpy(lse), rl, atol=1e-3)
     assert math.isfinite(float(cupy.asnumpy(lse).max()))
