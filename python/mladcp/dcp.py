@@ -7,8 +7,10 @@ partial states (one all-to-all, or LSE all-gather + reduce-scatter), and writes 
 
 Communicators:
   * torch.distributed NCCL group (GPU ranks, one GPU per process): adopts the group's own NCCL
-    communicator when torch exposes it (ProcessGroupNCCL._comm_ptr()) and runs the same NCCL release as
-    mladcp, otherwise creates a new NCCL communicator whose unique id is broadcast over the group.
+    communicator when torch exposes it (ProcessGroupNCCL._comm_ptr()), otherwise creates a new NCCL
+    communicator whose unique id is broadcast over the group. Known defect (H200 machine, torch 2.11 with
+    its bundled NCCL, mladcp built against the system NCCL 2.28): in a process that imported torch, the
+    first NCCL call of the module crashed (segmentation fault), adopted or bootstrapped; see docs/python.md.
   * mpi4py communicator (CPU ranks; host tensors).
 """
 from __future__ import annotations
@@ -135,7 +137,7 @@ def _torch_decoder(group, backend, merge, interleave, deadline_s, adopt, device)
         raise NotImplementedError("unsupported: this build of mladcp has no NCCL communicator")
     dev = torch.cuda.current_device() if device is None else int(device)
     stream = torch.cuda.current_stream(dev).cuda_stream
-    if adopt and _same_nccl_as_torch(torch):
+    if adopt:
         ptr = _torch_comm_ptr(torch, dist, group, dev)
         if ptr:
             return _C._DcpDecoder.from_nccl_comm(ptr, dev, stream, backend, merge, interleave, deadline_s), True
@@ -151,18 +153,6 @@ def _torch_decoder(group, backend, merge, interleave, deadline_s, adopt, device)
     impl = _C._DcpDecoder.from_nccl_bootstrap(rank, world, broadcast, dev, stream, backend, merge, interleave,
                                               deadline_s)
     return impl, False
-
-
-def _same_nccl_as_torch(torch) -> bool:
-    """Whether torch runs the NCCL release mladcp loaded. A communicator is adopted only then: an ncclComm_t is
-    the private state of the library that made it, and another release reading it crashes the process (seen with
-    torch's bundled NCCL against a system NCCL 2.28). Otherwise the decoder bootstraps its own communicator over
-    the group."""
-    try:
-        tv = ".".join(str(x) for x in torch.cuda.nccl.version())
-    except (AttributeError, RuntimeError, TypeError):
-        return False
-    return _C._nccl_version().split(" ")[0] == tv
 
 
 def _torch_comm_ptr(torch, dist, group, dev) -> int:

@@ -235,14 +235,6 @@ void register_dcp(nb::module_& m) {
       .def("abort", &PyDcpDecoder::abort, "reason"_a);
   m.def("_mpi_available", [] { return mpi_communicator_available(); });
   m.def("_nccl_available", [] { return bool(MLADCP_PY_NCCL); });
-  // "major.minor.patch (built with ...)" of the NCCL library mladcp loaded, or "" without NCCL.
-  m.def("_nccl_version", [] {
-#if MLADCP_PY_NCCL
-    return nccl_version_string();
-#else
-    return std::string();
-#endif
-  });
 }
 
 }  // namespace mladcp::py

