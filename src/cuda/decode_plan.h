@@ -36,10 +36,7 @@ MLADCP_HD int rows_per_cta(int rows_per_seq) { return rows_per_seq <= 16 ? 16 : 
 // stay long; 2048 keys still give a 4K-context batch of 128 sequences one full wave of 16-row CTAs
 // (two per SM), a single 128K sequence 64 splits, and a DCP shard of 16K keys with 128 gathered heads
 // 16 CTAs (4096 left it 8, the case DCP exists for: few long sequences, all heads).
-MLADCP_HD int split_tokens(int rows_per_cta) {
-  (void)rows_per_cta;
-  return 2048;
-}
+inline constexpr int kSplitTokens = 2048;
 
 // Splits of a sequence with `local_keys` keys on this shard: at least 1 (an empty sequence still has
 // one CTA per row chunk, which writes out = 0, lse = -inf).
@@ -106,7 +103,7 @@ inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta
   plan.rows_per_seq = p.num_heads * p.q_len;
   plan.rows_per_cta = cta_rows > 0 ? cta_rows : rows_per_cta(plan.rows_per_seq);
   plan.row_chunks = (plan.rows_per_seq + plan.rows_per_cta - 1) / plan.rows_per_cta;
-  plan.split_len = split_tokens(plan.rows_per_cta);
+  plan.split_len = kSplitTokens;
   const int64_t max_local = sharding::local_len(p.max_seq_len, p.shard.world, p.shard.rank, p.shard.interleave);
   if (p.split_policy == SplitPolicy::kFillDevice)
     plan.split_len = fill_split_tokens(max_local, int64_t(plan.row_chunks) * p.num_seqs, wave_ctas, plan.split_len);
