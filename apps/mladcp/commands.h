@@ -17,6 +17,7 @@ void add_backends_command(CLI::App& app);
 void add_dcp_command(CLI::App& app);
 void add_decode_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 void add_version_command(CLI::App& app);
 
 // The DCP part of `mladcp demo`: runs `mladcp dcp --check` on 4 CPU ranks under mpirun and prints a summary

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   add_dcp_command(app);
   add_decode_command(app);
   add_demo_command(app);
+  add_plan_command(app);
   add_version_command(app);
 
   // A first word that is neither a flag nor a subcommand: name it and list the subcommands.
