@@ -129,7 +129,7 @@ std::string plan_text(const plan::Plan& p, const plan::PlanParams& params, bool 
     const int64_t ctx = p.rows[i].context, batch = p.rows[i].batch;
     std::vector<std::vector<std::string>> t = {{"DPxTPxDCP", "heads/rank", "gathered", "KV/GPU GB", "budget GB",
                                                 "max batch", "attn us", "q AG us", "exch us", "merge us", "layer us",
-                                                "step ms", "vs TP attn", "tok/s", "merge", "DCP over", ""}};
+                                                "step ms", "vs TP attn", "tok/s", "merge", "DCP over", "note"}};
     for (; i < p.rows.size() && p.rows[i].context == ctx && p.rows[i].batch == batch; ++i) {
       const plan::PlanRow& r = p.rows[i];
       t.push_back({std::to_string(r.dp) + "x" + std::to_string(r.tp) + "x" + std::to_string(r.dcp),
