@@ -5,7 +5,12 @@
 # W = 2 against W = 1). Logs go to $OUT (at most 8 files); a summary table is printed last.
 #
 #   here, once:             tools/gpu/run_dcp.sh prepare     (third-party sources into .deps/, git-ignored)
-#   on the GPU machine:     tools/gpu/run_dcp.sh [stage...]  stages: build test check grid (default: all)
+#   on the GPU machine:     tools/gpu/run_dcp.sh [stage...]  stages: build test check grid (default: all), tp16
+#
+# tp16 (not in the default): the TP-realistic grid, 16 heads per GPU before the gather (H = 16 x GPUs: DeepSeek-V3
+# at TP 8 has 16 heads per rank), T in {1, 8, 64}, context 32K and 128K, A2A, against TP attention (16 heads over
+# the whole cache on each GPU). HEADS_PER_RANK=8 or 32 changes the 16. The one-GPU emulation of the same grid,
+# up to W = 8 and 512K: tools/gpu/calibrate.sh.
 #
 # The whole run fits one 10-minute device call: stages share BUDGET seconds (default 570) and a stage
 # that no longer fits is skipped and says so. Stages can also be split over calls on a warm machine
@@ -154,6 +159,20 @@ elif want grid; then
   note "grid: $(grep '^rc=' "$out/grid.log" | tr '\n' ' ')"
 fi
 
+if want tp16 && [ "$(allow 240 5)" -lt 30 ]; then
+  note "tp16: skipped, out of time (${SECONDS}s used of ${budget}s)"
+elif want tp16; then
+  hpr="${HEADS_PER_RANK:-16}"
+  {
+    echo "# launch: $(launch_mode); $hpr heads per rank, H = $((hpr * gpus))"
+    timeout "$(allow 240 5)" $(use_mpi && echo "mpirun -np $gpus --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH") \
+      "$bin/mladcp_dcp_gpu_bench" $(use_mpi || echo "--gpus $gpus") --heads $((hpr * gpus)) --tokens 1,8,64 \
+      --context 32768,131072 --merge a2a --markdown "$out/tp$hpr.md" --json "$out/tp$hpr.json"
+    echo "rc=$?"
+  } >"$out/tp$hpr.log" 2>&1
+  note "tp16 ($hpr heads per rank): $(grep '^rc=' "$out/tp$hpr.log" | tr '\n' ' ')"
+fi
+
 {
   echo "# DCP on $gpus GPUs: summary ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
   echo
@@ -161,5 +180,6 @@ fi
   echo
   [ -f "$out/check.log" ] && grep -E '^\| ' "$out/check.log" | head -n 60 && echo
   [ -f "$out/grid.md" ] && cat "$out/grid.md"
+  for f in "$out"/tp*.md; do [ -f "$f" ] && cat "$f"; done
 } >"$out/summary.md"
 cat "$out/summary.md"
