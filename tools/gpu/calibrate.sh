@@ -13,7 +13,8 @@
 #              {32K, 128K, 512K}, each row set against the planner's prediction -> $OUT/emulated-grid.{md,json}
 #   validate   mladcp plan --validate of the measured rows with the new calibration -> $OUT/validation.md
 #
-# Environment: MLADCP_GPU_PREBUILT=dir (mladcp_dcp_emulate and mladcp built elsewhere from this tree),
+# Environment: MLADCP_GPU_PREBUILT=dir (mladcp_dcp_emulate, and optionally mladcp, built elsewhere from this tree:
+# the emulation needs only libcudart; carry the folder, e.g. build-gpu-plan/, which git ignores),
 # CALIBRATION=file (the base calibration; default data/calibration/h200-2026-12-01.json), GRID_ARGS (extra
 # arguments of the grid, e.g. "--samples 30"), BUDGET (seconds for the whole script, default 570).
 set -uo pipefail
@@ -75,7 +76,9 @@ if want grid; then
   note "grid: $([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc, see grid.log)")"
 fi
 
-if want validate && [ -f "$new" ]; then
+if want validate && [ -f "$new" ] && ! "$bin/mladcp" version >/dev/null 2>&1; then
+  note "validate: skipped (no mladcp tool in $bin); run here: mladcp plan --calibration $(basename "$new") --validate $measured"
+elif want validate && [ -f "$new" ]; then
   "$bin/mladcp" plan --calibration "$new" --validate "$measured" >"$out/validation.md" 2>&1
   note "validate (new calibration vs the recorded rows): $(tail -n 1 "$out/validation.md")"
   "$bin/mladcp" plan --calibration "$new" --gpus 8 --context 32K,128K,512K --batch 1,8,64,256 --markdown \
