@@ -161,7 +161,7 @@ int run_grid(const Args& a) {
           const double rows_ = double(t) * h;
           die(model.collective_us({plan::CollectiveOp::kAllGather, w, w * rows_ * 576 * 2, 0}, &r.q_ag), "q all-gather");
           die(model.collective_us({plan::CollectiveOp::kAllToAll, w, w * rows_ * 513 * 4, 0}, &r.exch), "exchange");
-          r.overhead = model.step_overhead_us();
+          r.overhead = model.step_overhead_us(DcpMergeMode::kAllToAll);
           r.step = r.q_ag + r.attn + r.exch + r.merge + r.overhead;
           die(plan::kv_bytes_per_gpu({t, ctx, w, 64, 1, DType::kBF16}, &r.kv_dcp), "kv bytes");
           die(plan::kv_bytes_per_gpu({t, ctx, 1, 64, 1, DType::kBF16}, &r.kv_tp), "kv bytes");

@@ -100,7 +100,9 @@ struct Calibration {
   DeviceParams device;
   std::vector<KernelPoint> kernel;
   std::vector<MergePoint> merge;
-  double step_overhead_us = 0;  // per layer: the measured step minus the sum of its measured phases
+  // Per layer and merge mode: the measured step minus the sum of its measured phases (launch gaps, the
+  // exchange's own kernels), µs.
+  double step_overhead_a2a_us = 0, step_overhead_ag_rs_us = 0;
   std::vector<CollectiveCurve> collectives;
   FabricParams nvlink, infiniband;
 };
@@ -143,7 +145,9 @@ class PerfModel {
   Status kernel_us(const KernelQuery& q, double* us) const;
   Status collective_us(const CollectiveQuery& q, double* us) const;
   Status merge_us(DcpMergeMode mode, int states, int64_t rows, double* us) const;
-  double step_overhead_us() const { return cal_.step_overhead_us; }
+  double step_overhead_us(DcpMergeMode mode) const {
+    return mode == DcpMergeMode::kAllToAll ? cal_.step_overhead_a2a_us : cal_.step_overhead_ag_rs_us;
+  }
   const Calibration& calibration() const { return cal_; }
 
   // The fitted kernel classes, for reports: (dtype, rows) → a (µs), b (µs per 1000 key·sequences).

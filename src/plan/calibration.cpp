@@ -109,7 +109,9 @@ Status parse_root(const Fields& root, Calibration* cal) {
     MLADCP_RETURN_IF_ERROR(m.number("time_us", 1e-3, 1e9, &p.time_us));
     MLADCP_RETURN_IF_ERROR(m.string("source", &p.source, false));
   }
-  MLADCP_RETURN_IF_ERROR(root.number("step_overhead_us", 0, 1e6, &cal->step_overhead_us));
+  MLADCP_RETURN_IF_ERROR(root.object("step_overhead_us"));
+  MLADCP_RETURN_IF_ERROR(root.child("step_overhead_us").number("a2a", 0, 1e6, &cal->step_overhead_a2a_us));
+  MLADCP_RETURN_IF_ERROR(root.child("step_overhead_us").number("ag-rs", 0, 1e6, &cal->step_overhead_ag_rs_us));
 
   MLADCP_RETURN_IF_ERROR(root.array("collectives", &n));
   cal->collectives.resize(n);
@@ -257,7 +259,7 @@ std::string calibration_to_json(const Calibration& cal) {
         {"rows_per_cta", cal.device.rows_per_cta}}},
       {"kernel", kernel},
       {"merge", merge},
-      {"step_overhead_us", cal.step_overhead_us},
+      {"step_overhead_us", {{"a2a", cal.step_overhead_a2a_us}, {"ag-rs", cal.step_overhead_ag_rs_us}}},
       {"collectives", collectives},
       {"fabrics", {{"nvlink", fabric_json(cal.nvlink)}, {"infiniband", fabric_json(cal.infiniband)}}}};
   return root.dump(2) + "\n";

@@ -184,13 +184,17 @@ TEST(PlanModel, KernelTimeGrowsWithWork) {
         prev = t;
       }
     }
-    // More heads never take less time; beyond one row chunk the time grows with the chunks.
-    double prev = 0;
-    for (int heads : {8, 16, 32, 64, 128, 256, 512}) {
-      double t = 0;
-      ASSERT_TRUE(m.kernel_us({heads, 1, 32, 32768, d}, &t).ok());
-      EXPECT_GE(t, prev * 0.999) << heads << " heads";
-      prev = t;
+    // More heads never take less time on one kernel: up to 32 rows (the 16/32-row kernel) and from 64 rows on
+    // (64-row CTAs, time growing with the row chunks). Across that boundary the kernels differ: the
+    // calibrated 64-row Hopper kernel may take no longer for 64 heads than the 32-row kernel for 32.
+    for (const auto& family : {std::vector<int>{8, 16, 32}, std::vector<int>{64, 128, 256, 512}}) {
+      double prev = 0;
+      for (int heads : family) {
+        double t = 0;
+        ASSERT_TRUE(m.kernel_us({heads, 1, 32, 32768, d}, &t).ok());
+        EXPECT_GE(t, prev * 0.999) << heads << " heads";
+        prev = t;
+      }
     }
   }
 }
@@ -345,7 +349,8 @@ TEST(PlanCalibration, RoundTrip) {
   ASSERT_EQ(again.collectives.size(), cal.collectives.size());
   EXPECT_EQ(again.collectives[0].points.size(), cal.collectives[0].points.size());
   EXPECT_EQ(again.infiniband.all_to_all.bus_gbps, cal.infiniband.all_to_all.bus_gbps);
-  EXPECT_EQ(again.step_overhead_us, cal.step_overhead_us);
+  EXPECT_EQ(again.step_overhead_a2a_us, cal.step_overhead_a2a_us);
+  EXPECT_EQ(again.step_overhead_ag_rs_us, cal.step_overhead_ag_rs_us);
 }
 
 // Replaces the first occurrence of `from` in the shipped file and parses the result.
@@ -367,7 +372,7 @@ TEST(PlanCalibration, ParseErrorsNameTheFileAndField) {
   expect_invalid(parse_edited("\"heads\": 16,", "\"heads\": -16,"), "kernel[0].heads: expected an integer in [1");
   expect_invalid(parse_edited("\"heads\": 16,", "\"heads\": \"16\","), "kernel[0].heads: expected an integer");
   expect_invalid(parse_edited("\"kv_dtype\": \"bf16\"", "\"kv_dtype\": \"int4\""), "kernel[0].kv_dtype: accepted bf16, fp8");
-  expect_invalid(parse_edited("\"time_us\": 183.2", "\"time_us\": 0"), "kernel[0].time_us");
+  expect_invalid(parse_edited("\"time_us\": 181.5", "\"time_us\": 0"), "kernel[0].time_us");
   expect_invalid(parse_edited("\"mode\": \"a2a\"", "\"mode\": \"ring\""), "merge[0].mode: accepted a2a, ag-rs");
   expect_invalid(parse_edited("\"op\": \"all_gather\"", "\"op\": \"broadcast\""), "collectives[0].op: accepted");
   expect_invalid(parse_edited("\"fabric\": \"nvlink\"", "\"fabric\": \"pcie\""), "collectives[0].fabric");
