@@ -132,6 +132,13 @@ struct CollectiveQuery {
   int ranks_per_node = 0;  // ranks of the group on one node; 0 or >= world: the group is inside a node
 };
 
+// The merge phase of one DCP step on one rank (params of PerfModel::merge_us).
+struct MergeQuery {
+  DcpMergeMode mode = DcpMergeMode::kAllToAll;
+  int states = 2;    // W partial states
+  int64_t rows = 0;  // T · h (token, head) rows this rank ends with
+};
+
 // Kernel: time = a + b · (batch · keys) / 1000 + c · max(0, 1 − CTAs / SMs), with a and b fitted per
 // (KV dtype, row class) and c shared; CTAs = batch · row chunks · ceil(keys / base_split_keys) (the
 // batch-invariant plan). Row classes: rows = heads · q_len rounded up to 16, 32 or a multiple of
@@ -144,7 +151,7 @@ class PerfModel {
 
   Status kernel_us(const KernelQuery& q, double* us) const;
   Status collective_us(const CollectiveQuery& q, double* us) const;
-  Status merge_us(DcpMergeMode mode, int states, int64_t rows, double* us) const;
+  Status merge_us(const MergeQuery& q, double* us) const;
   double step_overhead_us(DcpMergeMode mode) const {
     return mode == DcpMergeMode::kAllToAll ? cal_.step_overhead_a2a_us : cal_.step_overhead_ag_rs_us;
   }

@@ -318,10 +318,10 @@ Status PerfModel::collective_us(const CollectiveQuery& q, double* us) const {
   return Status::Ok();
 }
 
-Status PerfModel::merge_us(DcpMergeMode mode, int states, int64_t rows, double* us) const {
-  if (states < 1) return Status::InvalidArgument("merge query: states must be >= 1, got " + std::to_string(states));
-  if (rows < 0) return Status::InvalidArgument("merge query: rows must be >= 0, got " + std::to_string(rows));
-  *us = merge_intercept_us_[int(mode)] + merge_us_per_byte_ * merge_bytes(mode, states, rows);
+Status PerfModel::merge_us(const MergeQuery& q, double* us) const {
+  if (q.states < 1) return Status::InvalidArgument("merge query: states must be >= 1, got " + std::to_string(q.states));
+  if (q.rows < 0) return Status::InvalidArgument("merge query: rows must be >= 0, got " + std::to_string(q.rows));
+  *us = merge_intercept_us_[int(q.mode)] + merge_us_per_byte_ * merge_bytes(q.mode, q.states, q.rows);
   return Status::Ok();
 }
 

@@ -104,7 +104,7 @@ Status predict_step(const StepQuery& q, const PerfModel& model, StepPrediction* 
       MLADCP_RETURN_IF_ERROR(model.collective_us(
           {CollectiveOp::kLseAgRs, w, double(w) * rows * kOutValues * 4.0, q.ranks_per_node}, &p.exchange_us));
     }
-    MLADCP_RETURN_IF_ERROR(model.merge_us(q.merge_mode, w, int64_t(rows), &p.merge_us));
+    MLADCP_RETURN_IF_ERROR(model.merge_us({q.merge_mode, w, int64_t(rows)}, &p.merge_us));
     p.overhead_us = model.step_overhead_us(q.merge_mode);
   }
   p.step_us = p.q_all_gather_us + p.attention_us + p.exchange_us + p.merge_us + p.overhead_us;

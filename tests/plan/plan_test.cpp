@@ -227,6 +227,23 @@ TEST(PlanModel, CollectiveTimeGrowsWithBytesAndRanks) {
   EXPECT_EQ(t, 0.0);
 }
 
+TEST(PlanModel, MergeTimeGrowsWithStatesAndRows) {
+  const PerfModel m = shipped_model();
+  for (DcpMergeMode mode : {DcpMergeMode::kAllToAll, DcpMergeMode::kAllGatherReduceScatter}) {
+    double prev = 0;
+    for (int64_t rows : {16, 64, 512, 4096, 65536}) {
+      double t = 0;
+      ASSERT_TRUE(m.merge_us({mode, 2, rows}, &t).ok());
+      EXPECT_GT(t, prev);
+      prev = t;
+    }
+    double w2 = 0, w8 = 0;
+    ASSERT_TRUE(m.merge_us({mode, 2, 4096}, &w2).ok());
+    ASSERT_TRUE(m.merge_us({mode, 8, 4096}, &w8).ok());
+    EXPECT_GT(w8, w2);
+  }
+}
+
 TEST(PlanModel, DcpShrinksKvAndGrowsTheLargestBatch) {
   PlanParams p = deepseek(8);
   p.contexts = {131072};
@@ -333,6 +350,8 @@ TEST(PlanErrors, BadPlanParamsNameTheArgument) {
   expect_invalid(m.kernel_us({0, 1, 1, 1024, DType::kBF16}, &us), "heads");
   StepPrediction sp;
   expect_invalid(predict_step({0, 16, 1, 1, 1024, DType::kBF16, DcpMergeMode::kAllToAll, 0}, m, &sp), "dcp");
+  expect_invalid(m.merge_us({DcpMergeMode::kAllToAll, 0, 64}, &us), "states");
+  expect_invalid(m.collective_us({CollectiveOp::kAllGather, 0, 1e6, 0}, &us), "world");
 }
 
 // ---- Calibration files ---------------------------------------------------------------------------
