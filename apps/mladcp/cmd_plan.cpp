@@ -117,6 +117,31 @@ std::string fabric_label(const plan::PlanRow& r) {
   return r.dcp_crosses_nodes ? "IB" : "NVLink";
 }
 
+// One line per (context, batch): the best layout, and what the best one without DCP costs or why none fits.
+std::string verdict(const plan::Plan& p, size_t first, size_t end) {
+  const plan::PlanRow* best = nullptr;
+  const plan::PlanRow* no_dcp = nullptr;
+  for (size_t k = first; k < end; ++k) {
+    const plan::PlanRow& r = p.rows[k];
+    if (r.best) best = &r;
+    if (r.dcp == 1 && r.fits && (no_dcp == nullptr || r.step_ms < no_dcp->step_ms)) no_dcp = &r;
+  }
+  if (best == nullptr) return "verdict: no layout fits the KV budget; more GPUs, fp8 KV or fewer sequences";
+  std::ostringstream os;
+  os << "verdict: " << best->dp << "x" << best->tp << "x" << best->dcp << " (" << fixed(best->step_ms, 2) << " ms per step";
+  if (best->dcp > 1) os << ", DCP " << best->dcp << " over " << (best->dcp_crosses_nodes ? "InfiniBand" : "NVLink");
+  os << ")";
+  if (best->dcp == 1) {
+    os << ": DCP does not pay here";
+  } else if (no_dcp == nullptr) {
+    os << "; without DCP the KV does not fit";
+  } else {
+    os << "; without DCP " << no_dcp->dp << "x" << no_dcp->tp << "x1 takes " << fixed(no_dcp->step_ms, 2) << " ms ("
+       << fixed(no_dcp->step_ms / best->step_ms, 2) << "x)";
+  }
+  return os.str();
+}
+
 std::string plan_text(const plan::Plan& p, const plan::PlanParams& params, bool markdown) {
   std::string out;
   std::ostringstream head;
@@ -126,6 +151,7 @@ std::string plan_text(const plan::Plan& p, const plan::PlanParams& params, bool 
   out += markdown ? "### " + head.str() + "\n\n" : head.str() + "\n";
   size_t i = 0;
   while (i < p.rows.size()) {
+    const size_t first = i;
     const int64_t ctx = p.rows[i].context, batch = p.rows[i].batch;
     std::vector<std::vector<std::string>> t = {{"DPxTPxDCP", "heads/rank", "gathered", "KV/GPU GB", "budget GB",
                                                 "max batch", "attn us", "q AG us", "exch us", "merge us", "layer us",
@@ -142,8 +168,8 @@ std::string plan_text(const plan::Plan& p, const plan::PlanParams& params, bool 
     }
     const std::string title = "context " + tokens_label(ctx) + ", batch " + std::to_string(batch);
     out += markdown ? "\n#### " + title + "\n\n" : "\n" + title + "\n";
-    // Right-align the numbers (columns 1..13).
     out += render(t, markdown, 1);
+    out += (markdown ? "\n" : "") + verdict(p, first, i) + "\n";
   }
   out += markdown ? "\nAssumptions:\n\n" : "\nassumptions:\n";
   for (const std::string& a : p.assumptions) out += "- " + a + "\n";
