@@ -187,11 +187,11 @@ int run_grid(const Args& a) {
         "overhead. TP attn: h heads over the whole cache, measured on the same GPU. KV per GPU: one layer, T "
         "sequences. Predicted: `mladcp plan`'s model (calibration "
      << cal.date << ", commit " << cal.commit << "). Times in µs.\n\n"
-     << "| h/rank | W | T | ctx | gathered | shard keys | step | q AG | attn | exch | merge | (exch+merge)/attn | TP attn "
-        "| step/TP | KV/GPU DCP MB | KV/GPU TP MB | predicted step | error | predicted attn | attn error |\n"
-     << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+     << "| kind | h/rank | W | T | ctx | gathered | shard keys | step | q AG | attn | exch | merge | (exch+merge)/attn "
+        "| TP attn | step/TP | KV/GPU DCP MB | KV/GPU TP MB | predicted step | error | predicted attn | attn error |\n"
+     << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const Row& r : rows) {
-    md << "| " << r.h << " | " << r.w << " | " << r.t << " | " << r.ctx << " | " << r.w * r.h << " | " << r.shard_keys
+    md << "| emulated | " << r.h << " | " << r.w << " | " << r.t << " | " << r.ctx << " | " << r.w * r.h << " | " << r.shard_keys
        << " | " << fixed(r.step, 1) << " | " << fixed(r.q_ag, 1) << " | " << fixed(r.attn, 1) << " | "
        << fixed(r.exch, 1) << " | " << fixed(r.merge, 1) << " | " << fixed(100 * (r.exch + r.merge) / r.attn, 0)
        << "% | " << fixed(r.tp, 1) << " | " << fixed(r.step / r.tp, 2) << " | " << fixed(r.kv_dcp / 1e6, 1) << " | "
@@ -208,7 +208,7 @@ int run_grid(const Args& a) {
       << "\",\n  \"rows\": [\n";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      j << "    {\"heads_per_rank\": " << r.h << ", \"world\": " << r.w << ", \"tokens\": " << r.t
+      j << "    {\"kind\": \"emulated\", \"heads_per_rank\": " << r.h << ", \"world\": " << r.w << ", \"tokens\": " << r.t
         << ", \"context\": " << r.ctx << ", \"shard_keys\": " << r.shard_keys << ", \"step_us\": " << r.step
         << ", \"q_all_gather_us\": " << r.q_ag << ", \"attention_us\": " << r.attn << ", \"exchange_us\": " << r.exch
         << ", \"merge_us\": " << r.merge << ", \"overhead_us\": " << r.overhead << ", \"tp_attention_us\": " << r.tp
