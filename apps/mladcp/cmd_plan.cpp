@@ -66,7 +66,8 @@ Status parse_sizes(const std::string& flag, const std::string& text, std::vector
     char* end = nullptr;
     const long long v = std::strtoll(digits.c_str(), &end, 10);
     if (digits.empty() || *end != '\0' || v < 1 || v > (int64_t(1) << 40) / mult) {
-      return Status::InvalidArgument(flag + "=" + text + ": expected positive integers separated by commas (K, M suffixes)");
+      return Status::InvalidArgument(flag + "=" + text +
+                                     ": expected positive integers separated by commas (K, M suffixes)");
     }
     out->push_back(v * mult);
   }
@@ -105,7 +106,8 @@ std::string render(const std::vector<std::vector<std::string>>& rows, bool markd
     out += line + "\n";
     if (markdown && k == 0) {
       std::string sep = "|";
-      for (size_t i = 0; i < width.size(); ++i) sep += (i >= right_from ? std::string(width[i] + 1, '-') + ":" : std::string(width[i] + 2, '-')) + "|";
+      for (size_t i = 0; i < width.size(); ++i)
+        sep += (i >= right_from ? std::string(width[i] + 1, '-') + ":" : std::string(width[i] + 2, '-')) + "|";
       out += sep + "\n";
     }
   }
@@ -128,7 +130,8 @@ std::string verdict(const plan::Plan& p, size_t first, size_t end) {
   }
   if (best == nullptr) return "verdict: no layout fits the KV budget; more GPUs, fp8 KV or fewer sequences";
   std::ostringstream os;
-  os << "verdict: " << best->dp << "x" << best->tp << "x" << best->dcp << " (" << fixed(best->step_ms, 2) << " ms per step";
+  os << "verdict: " << best->dp << "x" << best->tp << "x" << best->dcp << " (" << fixed(best->step_ms, 2)
+     << " ms per step";
   if (best->dcp > 1) os << ", DCP " << best->dcp << " over " << (best->dcp_crosses_nodes ? "InfiniBand" : "NVLink");
   os << ")";
   if (best->dcp == 1) {
@@ -159,12 +162,16 @@ std::string plan_text(const plan::Plan& p, const plan::PlanParams& params, bool 
     for (; i < p.rows.size() && p.rows[i].context == ctx && p.rows[i].batch == batch; ++i) {
       const plan::PlanRow& r = p.rows[i];
       t.push_back({std::to_string(r.dp) + "x" + std::to_string(r.tp) + "x" + std::to_string(r.dcp),
-                   std::to_string(r.heads_per_rank), std::to_string(r.gathered_heads), fixed(r.kv_bytes_per_gpu / 1e9, 2),
-                   r.kv_budget_bytes > 0 ? fixed(r.kv_budget_bytes / 1e9, 1) : "-", std::to_string(r.max_batch), fixed(r.attention_us, 1),
-                   fixed(r.q_all_gather_us, 1), fixed(r.exchange_us, 1), fixed(r.merge_us, 1), fixed(r.layer_us, 1),
-                   fixed(r.step_ms, 2), fixed(r.step_vs_tp, 2), fixed(r.tokens_per_s, 0),
+                   std::to_string(r.heads_per_rank), std::to_string(r.gathered_heads),
+                   fixed(r.kv_bytes_per_gpu / 1e9, 2), r.kv_budget_bytes > 0 ? fixed(r.kv_budget_bytes / 1e9, 1) : "-",
+                   std::to_string(r.max_batch), fixed(r.attention_us, 1), fixed(r.q_all_gather_us, 1),
+                   fixed(r.exchange_us, 1), fixed(r.merge_us, 1), fixed(r.layer_us, 1), fixed(r.step_ms, 2),
+                   fixed(r.step_vs_tp, 2), fixed(r.tokens_per_s, 0),
                    r.dcp > 1 ? dcp_merge_mode_name(r.merge_mode) : "-", fabric_label(r),
-                   r.best ? "best" : r.fits ? "" : r.kv_budget_bytes <= 0 ? "weights do not fit" : "KV does not fit"});
+                   r.best                   ? "best"
+                   : r.fits                 ? ""
+                   : r.kv_budget_bytes <= 0 ? "weights do not fit"
+                                            : "KV does not fit"});
     }
     const std::string title = "context " + tokens_label(ctx) + ", batch " + std::to_string(batch);
     out += markdown ? "\n#### " + title + "\n\n" : "\n" + title + "\n";
@@ -245,30 +252,32 @@ Status run_validation(const Options& o, const plan::Calibration& cal, const std:
   if (o.json) {
     json out = json::array();
     for (const auto& r : v) {
-      out.push_back({{"label", r.measured.label},
-                     {"kind", r.measured.kind},
-                     {"measured_us", r.measured.time_us},
-                     {"predicted_us", r.predicted_us},
-                     {"error", r.error},
-                     {"attention_error", std::isnan(r.attention_error) ? json(nullptr) : json(r.attention_error)},
-                     {"leave_one_out_error", std::isnan(r.leave_one_out_error) ? json(nullptr) : json(r.leave_one_out_error)},
-                     {"in_calibration", r.in_calibration},
-                     {"source", r.measured.source}});
+      out.push_back(
+          {{"label", r.measured.label},
+           {"kind", r.measured.kind},
+           {"measured_us", r.measured.time_us},
+           {"predicted_us", r.predicted_us},
+           {"error", r.error},
+           {"attention_error", std::isnan(r.attention_error) ? json(nullptr) : json(r.attention_error)},
+           {"leave_one_out_error", std::isnan(r.leave_one_out_error) ? json(nullptr) : json(r.leave_one_out_error)},
+           {"in_calibration", r.in_calibration},
+           {"source", r.measured.source}});
     }
     std::printf("%s\n", json({{"calibration", cal_path}, {"rows", out}}).dump(2).c_str());
   }
-  std::vector<std::vector<std::string>> t = {
-      {"row", "measured us", "predicted us", "error", "attn measured", "attn predicted", "attn error", "in fit",
-       "leave-one-out", "source"}};
+  std::vector<std::vector<std::string>> t = {{"row", "measured us", "predicted us", "error", "attn measured",
+                                              "attn predicted", "attn error", "in fit", "leave-one-out", "source"}};
   for (const auto& r : v) {
     worst = std::max({worst, std::fabs(r.error), std::isnan(r.attention_error) ? 0.0 : std::fabs(r.attention_error)});
-    if (std::fabs(r.error) > o.tolerance || (!std::isnan(r.attention_error) && std::fabs(r.attention_error) > o.tolerance)) {
+    if (std::fabs(r.error) > o.tolerance ||
+        (!std::isnan(r.attention_error) && std::fabs(r.attention_error) > o.tolerance)) {
       ++over;
     }
     const bool step = r.measured.kind == "step";
     t.push_back({r.measured.label, fixed(r.measured.time_us, 1), fixed(r.predicted_us, 1), pct(r.error),
                  step ? fixed(r.measured.attention_us, 1) : "-", step ? fixed(r.predicted_attention_us, 1) : "-",
-                 pct(r.attention_error), r.in_calibration ? "yes" : "no", pct(r.leave_one_out_error), r.measured.source});
+                 pct(r.attention_error), r.in_calibration ? "yes" : "no", pct(r.leave_one_out_error),
+                 r.measured.source});
   }
   if (!o.json) {
     std::printf("Planner against measured rows (calibration %s, %s, commit %s)\n\n", cal_path.c_str(), cal.date.c_str(),
@@ -278,7 +287,8 @@ Status run_validation(const Options& o, const plan::Calibration& cal, const std:
                 100 * o.tolerance, over == 0 ? "PASS" : "FAIL");
   }
   if (over > 0) {
-    return Status(StatusCode::kInternal, std::to_string(over) + " rows predicted outside " + fixed(100 * o.tolerance, 0) + "%");
+    return Status(StatusCode::kInternal,
+                  std::to_string(over) + " rows predicted outside " + fixed(100 * o.tolerance, 0) + "%");
   }
   return Status::Ok();
 }
@@ -353,7 +363,9 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--params-b", o->params_b, "Weights in billions of parameters, for the default KV budget")
       ->check(CLI::Range(0.0, 1e6));
   sub->add_option("--kv-dtype", o->kv_dtype, "Cache dtype: bf16 or fp8")->capture_default_str();
-  sub->add_option("--q-len", o->q_len, "Query tokens per sequence and step")->capture_default_str()->check(CLI::Range(1, 64));
+  sub->add_option("--q-len", o->q_len, "Query tokens per sequence and step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   sub->add_option("--gpus", o->gpus, "GPUs in total")->capture_default_str()->check(CLI::Range(1, 65536));
   sub->add_option("--gpus-per-node", o->gpus_per_node, "GPUs per node (NVLink domain)")
       ->capture_default_str()
@@ -361,8 +373,11 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--context", o->contexts, "Context lengths, comma-separated (K = 1024, M = 1048576)")
       ->capture_default_str();
   sub->add_option("--batch", o->batches, "Concurrent sequences over all GPUs, comma-separated")->capture_default_str();
-  sub->add_option("--block-size", o->block_size, "Tokens per paged-cache block")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--kv-budget-gb", o->kv_budget_gb, "KV budget per GPU in GB (default: HBM x utilization - weights / TP)");
+  sub->add_option("--block-size", o->block_size, "Tokens per paged-cache block")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--kv-budget-gb", o->kv_budget_gb,
+                  "KV budget per GPU in GB (default: HBM x utilization - weights / TP)");
   sub->add_option("--memory-utilization", o->memory_utilization, "Share of HBM usable for weights and KV")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 1.0));

@@ -75,29 +75,48 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(k + " needs a value");
       return argv[++i];
     };
-    if (k == "--heads-per-rank") a.heads = parse_list<int>(k, value());
-    else if (k == "--world") a.worlds = parse_list<int>(k, value());
-    else if (k == "--tokens") a.tokens = parse_list<int64_t>(k, value());
-    else if (k == "--context") a.contexts = parse_list<int64_t>(k, value());
-    else if (k == "--calibration") a.calibration = value();
-    else if (k == "--markdown") a.markdown = value();
-    else if (k == "--json") a.json = value();
-    else if (k == "--calibrate") a.calibrate = value();
-    else if (k == "--base") a.base = value();
-    else if (k == "--commit") a.commit = value();
-    else if (k == "--samples") a.timing.samples = parse_list<int>(k, value())[0];
-    else if (k == "--warmup") a.timing.warmup = parse_list<int>(k, value())[0];
-    else if (k == "--pool-gb") a.pool_gb = std::atof(value().c_str());
+    if (k == "--heads-per-rank")
+      a.heads = parse_list<int>(k, value());
+    else if (k == "--world")
+      a.worlds = parse_list<int>(k, value());
+    else if (k == "--tokens")
+      a.tokens = parse_list<int64_t>(k, value());
+    else if (k == "--context")
+      a.contexts = parse_list<int64_t>(k, value());
+    else if (k == "--calibration")
+      a.calibration = value();
+    else if (k == "--markdown")
+      a.markdown = value();
+    else if (k == "--json")
+      a.json = value();
+    else if (k == "--calibrate")
+      a.calibrate = value();
+    else if (k == "--base")
+      a.base = value();
+    else if (k == "--commit")
+      a.commit = value();
+    else if (k == "--samples")
+      a.timing.samples = parse_list<int>(k, value())[0];
+    else if (k == "--warmup")
+      a.timing.warmup = parse_list<int>(k, value())[0];
+    else if (k == "--pool-gb")
+      a.pool_gb = std::atof(value().c_str());
     else if (k == "--split-policy") {
       const std::string m = value();
-      if (m == "fill") a.timing.split_policy = SplitPolicy::kFillDevice;
-      else if (m == "invariant") a.timing.split_policy = SplitPolicy::kBatchInvariant;
-      else usage("--split-policy: accepted fill, invariant; got " + m);
-    } else if (k == "--help" || k == "-h") usage("");
-    else usage("unknown argument " + k);
+      if (m == "fill")
+        a.timing.split_policy = SplitPolicy::kFillDevice;
+      else if (m == "invariant")
+        a.timing.split_policy = SplitPolicy::kBatchInvariant;
+      else
+        usage("--split-policy: accepted fill, invariant; got " + m);
+    } else if (k == "--help" || k == "-h")
+      usage("");
+    else
+      usage("unknown argument " + k);
   }
   if (!(a.pool_gb > 0.1)) usage("--pool-gb must be > 0.1");
-  if (!a.calibrate.empty() && a.base.empty()) usage("--calibrate needs --base (the calibration whose collectives it keeps)");
+  if (!a.calibrate.empty() && a.base.empty())
+    usage("--calibrate needs --base (the calibration whose collectives it keeps)");
   return a;
 }
 
@@ -159,16 +178,19 @@ int run_grid(const Args& a) {
           die(bench->time_decode({w * h, w, 1, t, ctx, w, DType::kBF16}, &attn, w, &merge), "shard decode");
           r.attn = attn.median_us, r.merge = merge.median_us, r.graph = attn.graph && tp.graph;
           const double rows_ = double(t) * h;
-          die(model.collective_us({plan::CollectiveOp::kAllGather, w, w * rows_ * 576 * 2, 0}, &r.q_ag), "q all-gather");
+          die(model.collective_us({plan::CollectiveOp::kAllGather, w, w * rows_ * 576 * 2, 0}, &r.q_ag),
+              "q all-gather");
           die(model.collective_us({plan::CollectiveOp::kAllToAll, w, w * rows_ * 513 * 4, 0}, &r.exch), "exchange");
           r.overhead = model.step_overhead_us(DcpMergeMode::kAllToAll);
           r.step = r.q_ag + r.attn + r.exch + r.merge + r.overhead;
           die(plan::kv_bytes_per_gpu({t, ctx, w, 64, 1, DType::kBF16}, &r.kv_dcp), "kv bytes");
           die(plan::kv_bytes_per_gpu({t, ctx, 1, 64, 1, DType::kBF16}, &r.kv_tp), "kv bytes");
-          die(plan::predict_step({w, h, 1, t, ctx, DType::kBF16, DcpMergeMode::kAllToAll, 0}, model, &r.pred), "prediction");
+          die(plan::predict_step({w, h, 1, t, ctx, DType::kBF16, DcpMergeMode::kAllToAll, 0}, model, &r.pred),
+              "prediction");
           rows.push_back(r);
-          std::fprintf(stderr, "  h %d W %d T %lld ctx %lld: step %.1f us (attn %.1f, merge %.1f), TP attn %.1f, %.2fx\n",
-                       h, w, (long long)t, (long long)ctx, r.step, r.attn, r.merge, r.tp, r.step / r.tp);
+          std::fprintf(stderr,
+                       "  h %d W %d T %lld ctx %lld: step %.1f us (attn %.1f, merge %.1f), TP attn %.1f, %.2fx\n", h, w,
+                       (long long)t, (long long)ctx, r.step, r.attn, r.merge, r.tp, r.step / r.tp);
         }
       }
     }
@@ -191,8 +213,8 @@ int run_grid(const Args& a) {
         "| TP attn | step/TP | KV/GPU DCP MB | KV/GPU TP MB | predicted step | error | predicted attn | attn error |\n"
      << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const Row& r : rows) {
-    md << "| emulated | " << r.h << " | " << r.w << " | " << r.t << " | " << r.ctx << " | " << r.w * r.h << " | " << r.shard_keys
-       << " | " << fixed(r.step, 1) << " | " << fixed(r.q_ag, 1) << " | " << fixed(r.attn, 1) << " | "
+    md << "| emulated | " << r.h << " | " << r.w << " | " << r.t << " | " << r.ctx << " | " << r.w * r.h << " | "
+       << r.shard_keys << " | " << fixed(r.step, 1) << " | " << fixed(r.q_ag, 1) << " | " << fixed(r.attn, 1) << " | "
        << fixed(r.exch, 1) << " | " << fixed(r.merge, 1) << " | " << fixed(100 * (r.exch + r.merge) / r.attn, 0)
        << "% | " << fixed(r.tp, 1) << " | " << fixed(r.step / r.tp, 2) << " | " << fixed(r.kv_dcp / 1e6, 1) << " | "
        << fixed(r.kv_tp / 1e6, 1) << " | " << fixed(r.pred.step_us, 1) << " | " << pct(r.pred.step_us / r.step - 1)
@@ -203,19 +225,20 @@ int run_grid(const Args& a) {
   if (!a.markdown.empty()) std::ofstream(a.markdown) << md.str();
   if (!a.json.empty()) {
     std::ofstream j(a.json);
-    j << "{\n  \"device\": \"" << bench->device().name << "\",\n  \"emulated\": true,\n  \"calibration\": \"" << cal.date
-      << " " << cal.commit << "\",\n  \"split_policy\": \"" << split_policy_name(a.timing.split_policy)
+    j << "{\n  \"device\": \"" << bench->device().name << "\",\n  \"emulated\": true,\n  \"calibration\": \""
+      << cal.date << " " << cal.commit << "\",\n  \"split_policy\": \"" << split_policy_name(a.timing.split_policy)
       << "\",\n  \"rows\": [\n";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      j << "    {\"kind\": \"emulated\", \"heads_per_rank\": " << r.h << ", \"world\": " << r.w << ", \"tokens\": " << r.t
-        << ", \"context\": " << r.ctx << ", \"shard_keys\": " << r.shard_keys << ", \"step_us\": " << r.step
-        << ", \"q_all_gather_us\": " << r.q_ag << ", \"attention_us\": " << r.attn << ", \"exchange_us\": " << r.exch
-        << ", \"merge_us\": " << r.merge << ", \"overhead_us\": " << r.overhead << ", \"tp_attention_us\": " << r.tp
-        << ", \"kv_bytes_per_gpu_dcp\": " << r.kv_dcp << ", \"kv_bytes_per_gpu_tp\": " << r.kv_tp
-        << ", \"predicted_step_us\": " << r.pred.step_us << ", \"predicted_attention_us\": " << r.pred.attention_us
-        << ", \"predicted_tp_attention_us\": " << r.pred.tp_attention_us << ", \"graph\": " << (r.graph ? "true" : "false")
-        << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+      j << "    {\"kind\": \"emulated\", \"heads_per_rank\": " << r.h << ", \"world\": " << r.w
+        << ", \"tokens\": " << r.t << ", \"context\": " << r.ctx << ", \"shard_keys\": " << r.shard_keys
+        << ", \"step_us\": " << r.step << ", \"q_all_gather_us\": " << r.q_ag << ", \"attention_us\": " << r.attn
+        << ", \"exchange_us\": " << r.exch << ", \"merge_us\": " << r.merge << ", \"overhead_us\": " << r.overhead
+        << ", \"tp_attention_us\": " << r.tp << ", \"kv_bytes_per_gpu_dcp\": " << r.kv_dcp
+        << ", \"kv_bytes_per_gpu_tp\": " << r.kv_tp << ", \"predicted_step_us\": " << r.pred.step_us
+        << ", \"predicted_attention_us\": " << r.pred.attention_us
+        << ", \"predicted_tp_attention_us\": " << r.pred.tp_attention_us
+        << ", \"graph\": " << (r.graph ? "true" : "false") << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
     }
     j << "  ]\n}\n";
   }
@@ -228,22 +251,23 @@ int run_calibrate(const Args& a) {
   std::unique_ptr<Bench> bench;
   die(Bench::create(a.pool_gb, a.timing, &bench), "set-up");
   const DeviceInfo& dev = bench->device();
-  const std::string src = "mladcp_dcp_emulate --calibrate (" + today_utc() + ", commit " + a.commit + ", split policy " +
-                          split_policy_name(a.timing.split_policy) + ", L2 flushed, median of " +
+  const std::string src = "mladcp_dcp_emulate --calibrate (" + today_utc() + ", commit " + a.commit +
+                          ", split policy " + split_policy_name(a.timing.split_policy) + ", L2 flushed, median of " +
                           std::to_string(a.timing.samples) + ")";
   cal.kernel.clear();
   cal.merge.clear();
   struct Shape {
     int64_t batch, keys;
   };
-  const Shape shapes[] = {{1, 16384}, {1, 65536}, {1, 262144}, {8, 16384}, {8, 131072}, {32, 32768}, {64, 4096}, {128, 8192}};
+  const Shape shapes[] = {{1, 16384},  {1, 65536},  {1, 262144}, {8, 16384},
+                          {8, 131072}, {32, 32768}, {64, 4096},  {128, 8192}};
   struct Rows {
     int heads, q_len;
     DType dtype;
   };
-  const Rows kinds[] = {{8, 1, DType::kBF16},    {16, 1, DType::kBF16},     {32, 1, DType::kBF16},
-                        {64, 1, DType::kBF16},   {128, 1, DType::kBF16},    {256, 1, DType::kBF16},
-                        {16, 2, DType::kBF16},   {64, 2, DType::kBF16},     {128, 2, DType::kBF16},
+  const Rows kinds[] = {{8, 1, DType::kBF16},     {16, 1, DType::kBF16},    {32, 1, DType::kBF16},
+                        {64, 1, DType::kBF16},    {128, 1, DType::kBF16},   {256, 1, DType::kBF16},
+                        {16, 2, DType::kBF16},    {64, 2, DType::kBF16},    {128, 2, DType::kBF16},
                         {16, 1, DType::kFP8E4M3}, {64, 1, DType::kFP8E4M3}, {128, 1, DType::kFP8E4M3}};
   for (const Rows& k : kinds) {
     for (const Shape& s : shapes) {
@@ -269,8 +293,10 @@ int run_calibrate(const Args& a) {
   cal.gpu = dev.name + " (" + std::to_string(dev.multiprocessors) + " SMs); collectives: " + cal.gpu;
   cal.date = today_utc();
   cal.commit = a.commit;
-  cal.produced_by = "tools/gpu/calibrate.sh (mladcp_dcp_emulate --calibrate); collectives, fabrics and step overhead "
-                    "copied from " + a.base;
+  cal.produced_by =
+      "tools/gpu/calibrate.sh (mladcp_dcp_emulate --calibrate); collectives, fabrics and step overhead "
+      "copied from " +
+      a.base;
   cal.device.name = dev.name;
   cal.device.sms = dev.multiprocessors;
   cal.device.memory_gb = double(dev.total_memory) / 1e9;

@@ -45,8 +45,8 @@ Status fill_random(void* dst, size_t bytes, void* stream) {
   const auto& c = random_chunk();
   const size_t chunk = c.size() * 2;
   for (size_t off = 0; off < bytes; off += chunk) {
-    MLADCP_RETURN_IF_ERROR(copy_host_to_device(static_cast<char*>(dst) + off, c.data(), std::min(chunk, bytes - off),
-                                               stream));
+    MLADCP_RETURN_IF_ERROR(
+        copy_host_to_device(static_cast<char*>(dst) + off, c.data(), std::min(chunk, bytes - off), stream));
   }
   return stream_synchronize(stream);
 }

@@ -128,7 +128,7 @@ struct KernelQuery {
 struct CollectiveQuery {
   CollectiveOp op = CollectiveOp::kAllGather;
   int world = 2;
-  double bytes = 0;       // size as in CollectiveOp
+  double bytes = 0;        // size as in CollectiveOp
   int ranks_per_node = 0;  // ranks of the group on one node; 0 or >= world: the group is inside a node
 };
 
@@ -179,11 +179,11 @@ class PerfModel {
 
 struct ModelSpec {
   std::string name;
-  int num_heads = 0;   // query heads of attention
-  int num_layers = 0;  // MLA layers
-  int hidden = 0;      // model width: the attention output all-reduced over TP (0: not modelled)
-  double params_billions = 0;   // weights, for the default KV budget (0: weights not counted)
-  double weight_bytes = 1;      // bytes per weight (fp8: 1)
+  int num_heads = 0;           // query heads of attention
+  int num_layers = 0;          // MLA layers
+  int hidden = 0;              // model width: the attention output all-reduced over TP (0: not modelled)
+  double params_billions = 0;  // weights, for the default KV budget (0: weights not counted)
+  double weight_bytes = 1;     // bytes per weight (fp8: 1)
 };
 
 // "deepseek-v3", "deepseek-r1", "kimi-k2" (case-insensitive). Unknown names: kInvalidArgument listing them.
@@ -213,8 +213,8 @@ struct PlanParams {
   std::vector<int64_t> batches;   // concurrent sequences over all GPUs (split evenly over DP replicas)
   int block_size = 64;
   double memory_utilization = 0.9;  // share of HBM usable (weights + KV)
-  double kv_budget_gb = -1;          // KV budget per GPU; < 0: memory·utilization − weights / TP
-  int max_dcp = 0;                   // 0: every DCP dividing TP
+  double kv_budget_gb = -1;         // KV budget per GPU; < 0: memory·utilization − weights / TP
+  int max_dcp = 0;                  // 0: every DCP dividing TP
 };
 
 struct PlanRow {
@@ -232,11 +232,11 @@ struct PlanRow {
   double layer_us = 0;          // sum of the above
   double other_mode_exchange_merge_us = 0;
   DcpMergeMode merge_mode = DcpMergeMode::kAllToAll;
-  double tp_attention_us = 0;   // same TP, no DCP: heads_per_rank over the whole context
-  double step_vs_tp = 0;        // (layer_us − tp_all_reduce_us) / tp_attention_us
-  double step_ms = 0;           // layer_us · layers
-  double tokens_per_s = 0;      // batch · q_len / step (attention layers only)
-  bool best = false;            // fastest fitting layout for its (context, batch)
+  double tp_attention_us = 0;  // same TP, no DCP: heads_per_rank over the whole context
+  double step_vs_tp = 0;       // (layer_us − tp_all_reduce_us) / tp_attention_us
+  double step_ms = 0;          // layer_us · layers
+  double tokens_per_s = 0;     // batch · q_len / step (attention layers only)
+  bool best = false;           // fastest fitting layout for its (context, batch)
 };
 
 struct Plan {
@@ -273,16 +273,16 @@ Status predict_step(const StepQuery& q, const PerfModel& model, StepPrediction* 
 struct MeasuredRow {
   std::string kind;  // "kernel" or "step"
   std::string label, source;
-  KernelQuery kernel;  // kind "kernel"
-  StepQuery step;      // kind "step"
-  double time_us = 0;  // kernel time, or the step time
+  KernelQuery kernel;       // kind "kernel"
+  StepQuery step;           // kind "step"
+  double time_us = 0;       // kernel time, or the step time
   double attention_us = 0;  // kind "step": the measured attention phase (0: not compared)
 };
 Status parse_measured_rows(const std::string& json_text, const std::string& origin, std::vector<MeasuredRow>* out);
 
 struct ValidationRow {
   MeasuredRow measured;
-  double predicted_us = 0, error = 0;                   // error = predicted / measured − 1
+  double predicted_us = 0, error = 0;  // error = predicted / measured − 1
   double predicted_attention_us = 0, attention_error = 0;
   double leave_one_out_error = 0;  // kernel rows that are calibration points: refit without the point
   bool in_calibration = false;

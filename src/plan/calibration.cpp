@@ -47,9 +47,9 @@ Status parse_alpha_beta(const Fields& f, AlphaBeta* out) {
 Status parse_fabric(const Fields& f, FabricParams* out) {
   MLADCP_RETURN_IF_ERROR(f.string("source", &out->source));
   const std::pair<const char*, AlphaBeta*> ops[] = {{"all_gather", &out->all_gather},
-                                                     {"all_to_all", &out->all_to_all},
-                                                     {"reduce_scatter", &out->reduce_scatter},
-                                                     {"all_reduce", &out->all_reduce}};
+                                                    {"all_to_all", &out->all_to_all},
+                                                    {"reduce_scatter", &out->reduce_scatter},
+                                                    {"all_reduce", &out->all_reduce}};
   for (const auto& [name, ab] : ops) {
     MLADCP_RETURN_IF_ERROR(f.object(name));
     MLADCP_RETURN_IF_ERROR(parse_alpha_beta(f.child(name), ab));
@@ -125,9 +125,9 @@ Status parse_root(const Fields& root, Calibration* cal) {
       if (op == o.name) curve.op = o.op, found = true;
     }
     if (!found) {
-      return Status::InvalidArgument(c.where("op") +
-                                     ": accepted all_gather, all_to_all, reduce_scatter, all_reduce, lse_ag_rs; got \"" +
-                                     op + "\"");
+      return Status::InvalidArgument(
+          c.where("op") + ": accepted all_gather, all_to_all, reduce_scatter, all_reduce, lse_ag_rs; got \"" + op +
+          "\"");
     }
     MLADCP_RETURN_IF_ERROR(c.string("fabric", &fabric));
     if (fabric == "nvlink") {
@@ -244,24 +244,23 @@ std::string calibration_to_json(const Calibration& cal) {
                            {"source", c.source},
                            {"points", points}});
   }
-  const json root = {
-      {"format", kFormat},
-      {"gpu", cal.gpu},
-      {"date", cal.date},
-      {"commit", cal.commit},
-      {"produced_by", cal.produced_by},
-      {"notes", cal.notes},
-      {"device",
-       {{"name", cal.device.name},
-        {"sms", cal.device.sms},
-        {"memory_gb", cal.device.memory_gb},
-        {"base_split_keys", cal.device.base_split_keys},
-        {"rows_per_cta", cal.device.rows_per_cta}}},
-      {"kernel", kernel},
-      {"merge", merge},
-      {"step_overhead_us", {{"a2a", cal.step_overhead_a2a_us}, {"ag-rs", cal.step_overhead_ag_rs_us}}},
-      {"collectives", collectives},
-      {"fabrics", {{"nvlink", fabric_json(cal.nvlink)}, {"infiniband", fabric_json(cal.infiniband)}}}};
+  const json root = {{"format", kFormat},
+                     {"gpu", cal.gpu},
+                     {"date", cal.date},
+                     {"commit", cal.commit},
+                     {"produced_by", cal.produced_by},
+                     {"notes", cal.notes},
+                     {"device",
+                      {{"name", cal.device.name},
+                       {"sms", cal.device.sms},
+                       {"memory_gb", cal.device.memory_gb},
+                       {"base_split_keys", cal.device.base_split_keys},
+                       {"rows_per_cta", cal.device.rows_per_cta}}},
+                     {"kernel", kernel},
+                     {"merge", merge},
+                     {"step_overhead_us", {{"a2a", cal.step_overhead_a2a_us}, {"ag-rs", cal.step_overhead_ag_rs_us}}},
+                     {"collectives", collectives},
+                     {"fabrics", {{"nvlink", fabric_json(cal.nvlink)}, {"infiniband", fabric_json(cal.infiniband)}}}};
   return root.dump(2) + "\n";
 }
 

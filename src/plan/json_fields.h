@@ -15,9 +15,7 @@ class Fields {
       : j_(j), origin_(std::move(origin)), path_(std::move(path)) {}
 
   const nlohmann::json& json() const { return j_; }
-  std::string where(const std::string& key) const {
-    return origin_ + ": " + (path_.empty() ? key : path_ + "." + key);
-  }
+  std::string where(const std::string& key) const { return origin_ + ": " + (path_.empty() ? key : path_ + "." + key); }
   Fields child(const std::string& key) const { return {j_.at(key), origin_, path_.empty() ? key : path_ + "." + key}; }
   Fields element(const std::string& key, size_t i) const {
     return {j_.at(key).at(i), origin_, (path_.empty() ? key : path_ + "." + key) + "[" + std::to_string(i) + "]"};

@@ -20,7 +20,7 @@ int row_class(int rows, int rows_per_cta) {
 }
 
 struct KernelFeatures {
-  double kkeys = 0;     // batch · keys / 1000
+  double kkeys = 0;      // batch · keys / 1000
   double underfill = 0;  // max(0, 1 − CTAs / SMs)
 };
 
@@ -135,8 +135,8 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
     double lo = std::numeric_limits<double>::infinity(), hi = 0;
     for (size_t i = 0; i < cal.kernel.size(); ++i) {
       if (class_of[i] != int(c)) continue;
-      const double n = features(dev, cal.kernel[i].heads, cal.kernel[i].q_len, cal.kernel[i].batch,
-                                cal.kernel[i].keys).kkeys;
+      const double n =
+          features(dev, cal.kernel[i].heads, cal.kernel[i].q_len, cal.kernel[i].batch, cal.kernel[i].keys).kkeys;
       lo = std::min(lo, n), hi = std::max(hi, n);
     }
     if (hi > lo * 1.01) var_index[c] = nvar, nvar += 2;
@@ -165,7 +165,8 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
       a.push_back(row);
       y.push_back(1.0);
     }
-    if (!least_squares(a, y, &x)) return Status::InvalidArgument("calibration: kernel: the points do not determine the fit");
+    if (!least_squares(a, y, &x))
+      return Status::InvalidArgument("calibration: kernel: the points do not determine the fit");
   }
   m.underfill_us_ = c_index >= 0 ? std::max(0.0, x[c_index]) : 0.0;
   double a_sum = 0;
@@ -221,7 +222,8 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
       std::vector<std::vector<double>> a2;
       for (auto& row : a) a2.push_back({row[present], row[2]});
       std::vector<double> m2(2, 0.0);
-      if (!least_squares(a2, y, &m2)) return Status::InvalidArgument("calibration: merge: the points do not determine the fit");
+      if (!least_squares(a2, y, &m2))
+        return Status::InvalidArgument("calibration: merge: the points do not determine the fit");
       mx[0] = mx[1] = m2[0];
       mx[2] = m2[1];
     } else if (!least_squares(a, y, &mx)) {
@@ -234,7 +236,8 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
         double s = 0;
         int n = 0;
         for (const MergePoint& p : cal.merge) {
-          if (int(p.mode) == mode || !has_mode[mode]) s += p.time_us - mx[2] * merge_bytes(p.mode, p.states, p.rows), n++;
+          if (int(p.mode) == mode || !has_mode[mode])
+            s += p.time_us - mx[2] * merge_bytes(p.mode, p.states, p.rows), n++;
         }
         mx[mode] = n > 0 ? s / n : 0.0;
       }
@@ -283,7 +286,8 @@ Status PerfModel::kernel_us(const KernelQuery& q, double* us) const {
 }
 
 Status PerfModel::collective_us(const CollectiveQuery& q, double* us) const {
-  if (q.world < 1) return Status::InvalidArgument("collective query: world must be >= 1, got " + std::to_string(q.world));
+  if (q.world < 1)
+    return Status::InvalidArgument("collective query: world must be >= 1, got " + std::to_string(q.world));
   if (!(q.bytes >= 0)) return Status::InvalidArgument("collective query: bytes must be >= 0");
   if (q.world == 1) {
     *us = 0;
@@ -302,7 +306,8 @@ Status PerfModel::collective_us(const CollectiveQuery& q, double* us) const {
   if (q.op == CollectiveOp::kLseAgRs) {
     // LSE all-gather (W·W·T·h floats received: bytes · W / 512 with bytes = W·T·h·512·4) + reduce-scatter.
     double ag = 0, rs = 0;
-    MLADCP_RETURN_IF_ERROR(collective_us({CollectiveOp::kAllGather, q.world, q.bytes * q.world / 512.0, q.ranks_per_node}, &ag));
+    MLADCP_RETURN_IF_ERROR(
+        collective_us({CollectiveOp::kAllGather, q.world, q.bytes * q.world / 512.0, q.ranks_per_node}, &ag));
     MLADCP_RETURN_IF_ERROR(collective_us({CollectiveOp::kReduceScatter, q.world, q.bytes, q.ranks_per_node}, &rs));
     *us = ag + rs;
     return Status::Ok();

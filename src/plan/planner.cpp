@@ -76,12 +76,13 @@ Status kv_bytes_per_gpu(const KvBytesQuery& q, double* bytes) {
   if (q.block_size < 1) return Status::InvalidArgument("kv bytes: block_size must be >= 1");
   if (q.layers < 1) return Status::InvalidArgument("kv bytes: layers must be >= 1");
   if (q.kv_dtype != DType::kBF16 && q.kv_dtype != DType::kFP8E4M3) {
-    return Status::InvalidArgument(std::string("kv bytes: kv_dtype: accepted bf16, fp8; got ") + dtype_name(q.kv_dtype));
+    return Status::InvalidArgument(std::string("kv bytes: kv_dtype: accepted bf16, fp8; got ") +
+                                   dtype_name(q.kv_dtype));
   }
   const int64_t span = int64_t(q.block_size) * q.dcp;  // tokens of one virtual block
   const int64_t blocks = (q.context + span - 1) / span;
-  *bytes = double(q.sequences) * double(blocks) * q.block_size * kLatentValues * double(dtype_size(q.kv_dtype)) *
-           q.layers;
+  *bytes =
+      double(q.sequences) * double(blocks) * q.block_size * kLatentValues * double(dtype_size(q.kv_dtype)) * q.layers;
   return Status::Ok();
 }
 
@@ -92,7 +93,8 @@ Status predict_step(const StepQuery& q, const PerfModel& model, StepPrediction* 
   const int64_t t = q.batch * q.q_len;
   const int64_t keys = (q.context + w - 1) / w;  // the longest shard (interleave 1)
   MLADCP_RETURN_IF_ERROR(model.kernel_us({q.heads_per_rank * w, q.q_len, q.batch, keys, q.kv_dtype}, &p.attention_us));
-  MLADCP_RETURN_IF_ERROR(model.kernel_us({q.heads_per_rank, q.q_len, q.batch, q.context, q.kv_dtype}, &p.tp_attention_us));
+  MLADCP_RETURN_IF_ERROR(
+      model.kernel_us({q.heads_per_rank, q.q_len, q.batch, q.context, q.kv_dtype}, &p.tp_attention_us));
   if (w > 1) {
     const double rows = double(t) * q.heads_per_rank;
     MLADCP_RETURN_IF_ERROR(model.collective_us(
@@ -168,12 +170,13 @@ Status make_plan(const PlanParams& params, const PerfModel& model, Plan* out) {
           r.tp_crosses_nodes = tp > params.gpus_per_node || params.gpus_per_node % tp != 0;
           r.dcp_crosses_nodes = dcp > params.gpus_per_node || params.gpus_per_node % dcp != 0;
           if (params.gpus <= params.gpus_per_node) r.tp_crosses_nodes = r.dcp_crosses_nodes = false;
-          r.kv_budget_bytes = params.kv_budget_gb >= 0
-                                  ? params.kv_budget_gb * 1e9
-                                  : (mem_gb * params.memory_utilization - m.params_billions * m.weight_bytes / tp) * 1e9;
+          r.kv_budget_bytes =
+              params.kv_budget_gb >= 0
+                  ? params.kv_budget_gb * 1e9
+                  : (mem_gb * params.memory_utilization - m.params_billions * m.weight_bytes / tp) * 1e9;
           double per_seq = 0;
-          MLADCP_RETURN_IF_ERROR(kv_bytes_per_gpu(
-              {1, context, dcp, params.block_size, m.num_layers, params.kv_dtype}, &per_seq));
+          MLADCP_RETURN_IF_ERROR(
+              kv_bytes_per_gpu({1, context, dcp, params.block_size, m.num_layers, params.kv_dtype}, &per_seq));
           r.kv_bytes_per_gpu = per_seq * double(r.batch_per_replica);
           r.max_batch = r.kv_budget_bytes > 0 ? int64_t(std::floor(r.kv_budget_bytes / per_seq)) * dp : 0;
           r.fits = r.kv_bytes_per_gpu <= r.kv_budget_bytes;
@@ -224,9 +227,10 @@ Status make_plan(const PlanParams& params, const PerfModel& model, Plan* out) {
       "per layer and rank: attention = the calibrated decode of heads/TP·DCP gathered heads over ceil(context/DCP) "
       "keys; q all-gather, exchange and merge from the calibrated collectives and merge kernels; the attention "
       "output all-reduce over TP when the model width is known; MoE/MLP and the other projections are not modelled");
-  plan.assumptions.push_back("DCP groups are consecutive ranks of a TP group (DCP divides TP); a group larger than --gpus-per-node "
-                             "(" + std::to_string(params.gpus_per_node) +
-                             ") runs its collectives at the InfiniBand parameters of the calibration");
+  plan.assumptions.push_back(
+      "DCP groups are consecutive ranks of a TP group (DCP divides TP); a group larger than --gpus-per-node "
+      "(" +
+      std::to_string(params.gpus_per_node) + ") runs its collectives at the InfiniBand parameters of the calibration");
   plan.assumptions.push_back(params.kv_budget_gb >= 0
                                  ? "KV budget per GPU: " + num(params.kv_budget_gb) + " GB (given)"
                                  : "KV budget per GPU: " + num(params.memory_utilization) + " x " + num(mem_gb) +

@@ -1,6 +1,8 @@
 // The planner: KV bytes against the sharding formulas, the enumeration of layouts, monotonic properties
 // of the model, the fit on a synthetic calibration, errors that name their argument, calibration parse
 // errors, and the shipped calibration against the shipped measured rows (within 15%).
+#include "mladcp/plan.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include <sstream>
 #include <tuple>
 
-#include "mladcp/plan.h"
 #include "mladcp/sharding.h"
 
 namespace mladcp::plan {
@@ -42,7 +43,8 @@ PerfModel shipped_model() {
 
 void expect_invalid(const Status& s, const std::string& needle) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-  EXPECT_NE(s.message().find(needle), std::string::npos) << "message \"" << s.message() << "\" lacks \"" << needle << "\"";
+  EXPECT_NE(s.message().find(needle), std::string::npos)
+      << "message \"" << s.message() << "\" lacks \"" << needle << "\"";
 }
 
 // ---- KV bytes --------------------------------------------------------------------------------
@@ -390,29 +392,34 @@ TEST(PlanCalibration, ParseErrorsNameTheFileAndField) {
   expect_invalid(parse_edited("\"heads\": 16,", ""), "edited.json: kernel[0].heads: missing");
   expect_invalid(parse_edited("\"heads\": 16,", "\"heads\": -16,"), "kernel[0].heads: expected an integer in [1");
   expect_invalid(parse_edited("\"heads\": 16,", "\"heads\": \"16\","), "kernel[0].heads: expected an integer");
-  expect_invalid(parse_edited("\"kv_dtype\": \"bf16\"", "\"kv_dtype\": \"int4\""), "kernel[0].kv_dtype: accepted bf16, fp8");
+  expect_invalid(parse_edited("\"kv_dtype\": \"bf16\"", "\"kv_dtype\": \"int4\""),
+                 "kernel[0].kv_dtype: accepted bf16, fp8");
   expect_invalid(parse_edited("\"time_us\": 181.5", "\"time_us\": 0"), "kernel[0].time_us");
   expect_invalid(parse_edited("\"mode\": \"a2a\"", "\"mode\": \"ring\""), "merge[0].mode: accepted a2a, ag-rs");
   expect_invalid(parse_edited("\"op\": \"all_gather\"", "\"op\": \"broadcast\""), "collectives[0].op: accepted");
   expect_invalid(parse_edited("\"fabric\": \"nvlink\"", "\"fabric\": \"pcie\""), "collectives[0].fabric");
-  expect_invalid(parse_edited("[147456, 10.31]", "[147456000, 10.31]"), "collectives[0].points[1]: sizes must increase");
+  expect_invalid(parse_edited("[147456, 10.31]", "[147456000, 10.31]"),
+                 "collectives[0].points[1]: sizes must increase");
   expect_invalid(parse_edited("[147456, 10.31]", "[147456]"), "collectives[0].points[0]: expected [bytes, time_us]");
   expect_invalid(parse_edited("\"sms\": 132", "\"sms\": 0"), "device.sms");
   expect_invalid(parse_edited("\"bus_gbps\": 139", "\"bus_gbps\": 0"), "fabrics.nvlink.all_gather.bus_gbps");
   expect_invalid(parse_edited("\"infiniband\": {", "\"infiniband-x\": {"), "fabrics.infiniband: expected an object");
-  expect_invalid(load_calibration("/nonexistent/calibration.json", &cal), "/nonexistent/calibration.json: cannot be opened");
+  expect_invalid(load_calibration("/nonexistent/calibration.json", &cal),
+                 "/nonexistent/calibration.json: cannot be opened");
 }
 
 TEST(PlanCalibration, MeasuredRowParseErrors) {
   std::vector<MeasuredRow> rows;
   expect_invalid(parse_measured_rows("{\"format\": \"x\", \"rows\": []}", "m.json", &rows), "m.json: format");
-  expect_invalid(parse_measured_rows("{\"format\": \"mladcp-measured-1\", \"rows\": [{\"kind\": \"both\", \"time_us\": 1}]}",
-                                     "m.json", &rows),
-                 "rows[0].kind: accepted kernel, step");
-  expect_invalid(parse_measured_rows("{\"format\": \"mladcp-measured-1\", \"rows\": [{\"kind\": \"step\", \"time_us\": 1, "
-                                     "\"dcp\": 2, \"heads_per_rank\": 4, \"batch\": 1, \"context\": 9, \"merge\": \"x\"}]}",
-                                     "m.json", &rows),
-                 "rows[0].merge");
+  expect_invalid(
+      parse_measured_rows("{\"format\": \"mladcp-measured-1\", \"rows\": [{\"kind\": \"both\", \"time_us\": 1}]}",
+                          "m.json", &rows),
+      "rows[0].kind: accepted kernel, step");
+  expect_invalid(
+      parse_measured_rows("{\"format\": \"mladcp-measured-1\", \"rows\": [{\"kind\": \"step\", \"time_us\": 1, "
+                          "\"dcp\": 2, \"heads_per_rank\": 4, \"batch\": 1, \"context\": 9, \"merge\": \"x\"}]}",
+                          "m.json", &rows),
+      "rows[0].merge");
 }
 
 // ---- Validation: the shipped calibration against every shipped measured row ---------------------
