@@ -16,7 +16,8 @@
 # Environment: MLADCP_GPU_PREBUILT=dir (mladcp_dcp_emulate, and optionally mladcp, built elsewhere from this tree:
 # the emulation needs only libcudart; carry the folder, e.g. build-gpu-plan/, which git ignores),
 # CALIBRATION=file (the base calibration; default data/calibration/h200-2026-12-01.json), GRID_ARGS (extra
-# arguments of the grid, e.g. "--samples 30"), BUDGET (seconds for the whole script, default 570).
+# arguments of the grid, e.g. "--samples 30"), BUDGET (seconds for the whole script, default 570), COMMIT (the
+# commit recorded in the new calibration; default: git rev-parse of this tree).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -33,7 +34,7 @@ mkdir -p "$out"
 build="$root/build/gpu-plan"
 base="${CALIBRATION:-$root/data/calibration/h200-2026-12-01.json}"
 measured="$root/data/calibration/h200-measured-2026-12-01.json"
-commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+local')"
+commit="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+local')}"
 status=()
 note() { status+=("$1"); echo "== $1"; }
 
