@@ -277,6 +277,8 @@ struct MeasuredRow {
   StepQuery step;           // kind "step"
   double time_us = 0;       // kernel time, or the step time
   double attention_us = 0;  // kind "step": the measured attention phase (0: not compared)
+  // Held to the tolerance. False for rows of kernels superseded since (same shapes, faster now): reported only.
+  bool gate = true;
 };
 Status parse_measured_rows(const std::string& json_text, const std::string& origin, std::vector<MeasuredRow>* out);
 

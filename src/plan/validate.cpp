@@ -56,6 +56,11 @@ Status parse_measured_rows(const std::string& json_text, const std::string& orig
     MLADCP_RETURN_IF_ERROR(r.string("label", &m.label, false));
     MLADCP_RETURN_IF_ERROR(r.string("source", &m.source, false));
     MLADCP_RETURN_IF_ERROR(r.number("time_us", 1e-3, 1e9, &m.time_us));
+    if (r.has("gate")) {
+      if (!r.json().at("gate").is_boolean())
+        return Status::InvalidArgument(r.where("gate") + ": expected true or false");
+      m.gate = r.json().at("gate").get<bool>();
+    }
     if (m.kind == "kernel") {
       MLADCP_RETURN_IF_ERROR(r.integer_as("heads", 1, 65536, &m.kernel.heads));
       MLADCP_RETURN_IF_ERROR(r.integer_as("q_len", 1, 1024, &m.kernel.q_len, false));

@@ -394,7 +394,7 @@ TEST(PlanCalibration, ParseErrorsNameTheFileAndField) {
   expect_invalid(parse_edited("\"heads\": 16,", "\"heads\": \"16\","), "kernel[0].heads: expected an integer");
   expect_invalid(parse_edited("\"kv_dtype\": \"bf16\"", "\"kv_dtype\": \"int4\""),
                  "kernel[0].kv_dtype: accepted bf16, fp8");
-  expect_invalid(parse_edited("\"time_us\": 181.5", "\"time_us\": 0"), "kernel[0].time_us");
+  expect_invalid(parse_edited("\"time_us\": 184.3", "\"time_us\": 0"), "kernel[0].time_us");
   expect_invalid(parse_edited("\"mode\": \"a2a\"", "\"mode\": \"ring\""), "merge[0].mode: accepted a2a, ag-rs");
   expect_invalid(parse_edited("\"op\": \"all_gather\"", "\"op\": \"broadcast\""), "collectives[0].op: accepted");
   expect_invalid(parse_edited("\"fabric\": \"nvlink\"", "\"fabric\": \"pcie\""), "collectives[0].fabric");
@@ -424,24 +424,47 @@ TEST(PlanCalibration, MeasuredRowParseErrors) {
 
 // ---- Validation: the shipped calibration against every shipped measured row ---------------------
 
-TEST(PlanValidation, ShippedRowsWithinFifteenPercent) {
+// Every row held to the tolerance is predicted within 15%, for both shipped pairs: the current calibration with
+// the rows of its kernels, and the calibration of the 2-GPU DCP run's day with that day's rows (the 2-GPU steps).
+struct ValidationCounts {
+  int gated = 0, steps = 0;
+};
+
+ValidationCounts validate_pair(const std::string& calibration, const std::string& measured) {
+  ValidationCounts n;
+  Calibration cal;
+  const Status sc = load_calibration(calibration, &cal);
+  EXPECT_TRUE(sc.ok()) << sc.to_string();
   std::vector<MeasuredRow> rows;
-  ASSERT_TRUE(parse_measured_rows(read(kMeasured), kMeasured, &rows).ok());
-  ASSERT_GE(rows.size(), 40u);
+  const Status sm = parse_measured_rows(read(measured), measured, &rows);
+  EXPECT_TRUE(sm.ok()) << sm.to_string();
   std::vector<ValidationRow> v;
-  const Status s = validate(shipped(), rows, &v);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  int steps = 0;
+  const Status s = validate(cal, rows, &v);
+  EXPECT_TRUE(s.ok()) << s.to_string();
   for (const ValidationRow& r : v) {
+    if (!r.measured.gate) continue;  // a superseded kernel: reported in docs/perf, not held to the tolerance
+    ++n.gated;
     EXPECT_LE(std::fabs(r.error), 0.15) << r.measured.label << " (" << r.measured.source << "): measured "
                                         << r.measured.time_us << " us, predicted " << r.predicted_us;
     if (r.measured.kind == "step") {
-      ++steps;
+      ++n.steps;
       EXPECT_LE(std::fabs(r.attention_error), 0.15) << r.measured.label << " attention";
       EXPECT_FALSE(r.in_calibration);
     }
   }
-  EXPECT_GE(steps, 9);
+  return n;
+}
+
+TEST(PlanValidation, CurrentCalibrationWithinFifteenPercent) {
+  const ValidationCounts n = validate_pair(kCalibration, kMeasured);
+  EXPECT_GE(n.gated, 30);
+}
+
+TEST(PlanValidation, TwoGpuStepsWithinFifteenPercentWithTheirKernels) {
+  const std::string dir = std::string(MLADCP_SOURCE_DIR) + "/data/calibration/";
+  const ValidationCounts n = validate_pair(dir + "h200-2026-11-29-dcp.json", dir + "h200-measured-2026-11-29-dcp.json");
+  EXPECT_GE(n.gated, 60);
+  EXPECT_GE(n.steps, 9);
 }
 
 }  // namespace
