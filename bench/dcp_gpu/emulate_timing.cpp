@@ -241,8 +241,7 @@ Status Bench::time_rescale_merge(int states, int64_t tokens, int heads, Timing* 
   RescaleParams r;
   r.world = states;
   r.rank = 0;
-  r.num_tokens = 1;
-  r.num_heads = int(rows);
+  r.rows = rows;
   r.head_dim = kOut;
   r.all_lse = static_cast<const float*>(all_lse);
   r.out = part;
