@@ -34,7 +34,7 @@ TEST(CudaDecode, Capabilities) {
 
 // q, out and lse as G groups of Hg heads with padded strides (the DCP all-gather / all-to-all
 // layouts); the padding inside the output buffers must stay untouched.
-void check_head_groups(int heads, int group, int q_len, std::vector<int32_t> lens, uint64_t seed) {
+void check_head_groups(int heads, int group, int q_len, std::vector<int32_t> lens, uint64_t seed, SplitPolicy policy) {
   const synthetic::Config cfg = config(heads, q_len, 32, std::move(lens), seed);
   const synthetic::Problem prob = make_problem(cfg);
   const DecodeBuffers want = expected_decode(prob, LseBase::kE);
@@ -62,6 +62,7 @@ void check_head_groups(int heads, int group, int q_len, std::vector<int32_t> len
   p.out_stride_group = osg;
   p.lse_stride_token = lst;
   p.lse_stride_group = lsg;
+  p.split_policy = policy;
   auto cuda = make_backend("cuda");
   MLADCP_ASSERT_OK(run_device_decode(*cuda, p));
   ::testing::AssertionResult ok = ::testing::AssertionSuccess();
@@ -82,7 +83,8 @@ void check_head_groups(int heads, int group, int q_len, std::vector<int32_t> len
       got_lse[size_t(t * H + h)] = l[size_t(lb)];
       used_l[size_t(lb)] = 1;
     }
-  const std::string what = describe(cfg) + " head groups of " + std::to_string(group);
+  const std::string what =
+      describe(cfg) + " head groups of " + std::to_string(group) + ", split_policy=" + split_policy_name(policy);
   const Comparison c = compare(got, want_out, cuda_decode_tolerance(), "out", want.out_dims());
   EXPECT_TRUE(c.ok) << what << "\n  " << c.report;
   const Comparison cl = compare(got_lse, *want.lse, lse_tolerance(), "lse", want.lse_dims());
@@ -93,11 +95,16 @@ void check_head_groups(int heads, int group, int q_len, std::vector<int32_t> len
   EXPECT_EQ(pad_written, 0u) << what << ": elements between the strided rows were written";
 }
 
+// Under both split policies (the combine kernel writes the groups when a sequence has several splits).
 TEST(CudaDecode, HeadGroupsWithPaddedStrides) {
   MLADCP_SKIP_WITHOUT_GPU();
-  check_head_groups(32, 8, 2, {0, 2, 100, 1300}, 21);
-  check_head_groups(16, 4, 1, {2100, 7}, 22);  // several splits: the combine kernel writes groups too
-  check_head_groups(128, 64, 1, {300}, 23);    // two groups = the two 64-row chunks
+  for (const SplitPolicy policy : {SplitPolicy::kFillDevice, SplitPolicy::kBatchInvariant}) {
+    check_head_groups(32, 8, 2, {0, 2, 100, 1300}, 21, policy);
+    check_head_groups(16, 4, 1, {2100, 7}, 22, policy);  // several splits
+    check_head_groups(128, 64, 1, {300}, 23, policy);    // two groups = the two 64-row chunks
+    check_head_groups(128, 64, 1, {3100, 0, 2}, 939, policy);
+    check_head_groups(32, 8, 2, {3100, 0, 2}, 843, policy);
+  }
 }
 
 // Cache rows and blocks with padding (NaN), a block table with a wider row stride (huge ids in the

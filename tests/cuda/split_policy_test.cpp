@@ -152,64 +152,7 @@ TEST_P(SplitPolicyOracle, FillDeviceMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Shapes, SplitPolicyOracle, ::testing::ValuesIn(fill_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
-// Head groups with padded strides (the DCP all-gather / all-to-all layouts) under kFillDevice: the
-// combine kernel writes the groups; padding stays untouched.
-TEST(SplitPolicy, FillDeviceHeadGroups) {
-  MLADCP_SKIP_WITHOUT_GPU();
-  for (const auto& [heads, group, q_len] : {std::tuple{128, 64, 1}, std::tuple{32, 8, 2}}) {
-    const synthetic::Config cfg = config(heads, q_len, 32, {3100, 0, 2}, 811 + uint64_t(heads));
-    const synthetic::Problem prob = make_problem(cfg);
-    const DecodeBuffers want = expected_decode(prob, LseBase::kE);
-    const std::vector<float> want_out = want.out_float();
-    const int64_t T = prob.num_tokens(), H = heads, Hg = group, G = H / Hg;
-    const int64_t qsh = kQkDim + 32, qst = Hg * qsh + 64, qsg = T * qst + 128;
-    const int64_t osh = kLatentDim + 16, ost = Hg * osh + 8, osg = T * ost + 64;
-    const int64_t lst = Hg + 3, lsg = T * lst + 5;
-    std::vector<uint16_t> qg(size_t(G * qsg), 0x7fc0);  // NaN padding: must never be read
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < H; ++h)
-        std::memcpy(&qg[size_t((h / Hg) * qsg + t * qst + (h % Hg) * qsh)], &prob.q[size_t((t * H + h) * kQkDim)],
-                    kQkDim * 2);
-    DeviceProblem dev(prob);
-    DeviceBuffer q_dev = to_device(qg);
-    GuardedBuffer out(DType::kFP32, size_t(G * osg)), lse(DType::kFP32, size_t(G * lsg));
-    MlaDecodeParams p = dev.params(prob, out.data(), DType::kFP32, lse.as<float>(), LseBase::kE);
-    p.q = q_dev.data();
-    p.head_group_size = group;
-    p.q_stride_head = qsh;
-    p.q_stride_token = qst;
-    p.q_stride_group = qsg;
-    p.out_stride_head = osh;
-    p.out_stride_token = ost;
-    p.out_stride_group = osg;
-    p.lse_stride_token = lst;
-    p.lse_stride_group = lsg;
-    p.split_policy = SplitPolicy::kFillDevice;
-    auto cuda = make_backend("cuda");
-    MLADCP_ASSERT_OK(run_device_decode(*cuda, p));
-    ::testing::AssertionResult ok = ::testing::AssertionSuccess();
-    const std::vector<float> got_all = out.download_float(&ok);
-    ASSERT_TRUE(ok) << ok.message();
-    const std::vector<float> got_lse_all = lse.download_float(&ok);
-    ASSERT_TRUE(ok) << ok.message();
-    std::vector<float> got(size_t(T * H * kLatentDim)), got_lse(size_t(T * H));
-    size_t sentinels = count_sentinels(got_all) + count_sentinels(got_lse_all);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        const size_t o = size_t((h / Hg) * osg + t * ost + (h % Hg) * osh);
-        std::memcpy(&got[size_t((t * H + h) * kLatentDim)], &got_all[o], kLatentDim * 4);
-        got_lse[size_t(t * H + h)] = got_lse_all[size_t((h / Hg) * lsg + t * lst + (h % Hg))];
-      }
-    // Every element outside the rows stays a sentinel: the totals minus what the rows hold.
-    sentinels -= count_sentinels(got) + count_sentinels(got_lse);
-    EXPECT_EQ(sentinels, got_all.size() - got.size() + got_lse_all.size() - got_lse.size())
-        << describe(cfg) << " group " << group << ": padding between rows was written";
-    const Comparison c = compare(got, want_out, cuda_decode_tolerance(), "out", want.out_dims());
-    EXPECT_TRUE(c.ok) << describe(cfg) << " group " << group << "\n  " << c.report;
-    const Comparison l = compare(got_lse, *want.lse, lse_tolerance(), "lse", want.lse_dims());
-    EXPECT_TRUE(l.ok) << describe(cfg) << " group " << group << "\n  " << l.report;
-  }
-}
+// Head groups with padded strides under both policies: CudaDecode.HeadGroupsWithPaddedStrides.
 
 // kFillDevice is deterministic for a given batch, eager and in a CUDA graph.
 TEST(SplitPolicy, FillDeviceDeterministicAndGraphCapturable) {
