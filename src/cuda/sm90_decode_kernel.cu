@@ -199,8 +199,6 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32
 #undef MLADCP_O128
 #undef MLADCP_O128_REGS
 
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity);
-
 // S = Q·Kᵀ over the 64 keys of a stage (36 k-steps of 16 dims; the first overwrites S), once the
 // stage's 9 copies (`full`, phase parity `parity`) have landed. All waits come before the first
 // issue: an mbarrier wait loop between two wgmma issues makes ptxas serialize every wgmma of the
