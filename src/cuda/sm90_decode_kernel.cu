@@ -255,7 +255,7 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alph
 
 // Named barriers (0 is __syncthreads). Producer warpgroup arrives, consumer warpgroup syncs (256 threads),
 // or one warpgroup / both consumers among themselves.
-constexpr int kBarMb = 2, kBarPa = 3, kBarPb = 4, kBarOwn = 5 /* + wg */, kBarConsumers = 7;
+constexpr int kBarMa = 1, kBarMb = 2, kBarPa = 3, kBarPb = 4, kBarOwn = 5 /* + wg */, kBarConsumers = 7;
 
 // Everything a consumer warpgroup needs about its CTA.
 struct CtaWork {
@@ -527,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t pr[16];
 
   if (wg == 0) {
-    // ---- warpgroup 0: scores tiles a (stage 0), columns [0, 256) ----
+    // ---- warpgroup 0: tiles a (stage 0), columns [0, 256) ----
     if (w.npairs > 0) {  // scores of the first tile a
       issue_scores(s, q_lo, k_lo0, full, 0);
       wgmma_commit();
@@ -537,9 +537,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < w.npairs; ++i) {
       const bool more = i + 1 < w.npairs;
       const uint32_t par = uint32_t(i) & 1;
-      float mx[2], m_a[2], alpha[2], m_b[2], beta[2], one[2] = {1.0f, 1.0f};
-      // P_a = 2^(S_a − m_a), m_a = max(m, rowmax S_a): to registers (own product) and over the rope
-      // block of stage 0 (warpgroup 1's product), with m_a, then O_L = O_L·2^(m − m_a) + P_a·V_a,L.
+      float* const red_m = red + 128 * par;  // m_a and m_b of this pair: slots of its parity
+      float mx[2], m_a[2], alpha[2], m_b[2], beta[2];
+      // m_a = max(m, rowmax S_a), published at once: warpgroup 1 holds S_b already and needs only m_a.
       mask_scores(s, mx, ok, w.k_begin + 2 * i * kTile, st, scale, lane);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -547,127 +547,125 @@ __global__ void __launch_bounds__(kThreads, 1)
         alpha[e] = rescale_factor(st.m[e], m_a[e]);
         st.l[e] *= alpha[e];
       }
-      exponentiate(s, pr, m_a, scale, st.l);
-      store_p(kv_s + 8 * kBlockBytes, s, one, st, lane);
-      float* const red_ma = red + 128 * par;  // m_a and m_b of this pair: slots of its parity
       if ((lane & 3) == 0) {
-        red_ma[st.rs[0]] = m_a[0];
-        red_ma[st.rs[1]] = m_a[1];
+        red_m[st.rs[0]] = m_a[0];
+        red_m[st.rs[1]] = m_a[1];
       }
-      fence_proxy_async();
-      named_bar_arrive(kBarPa, kConsumerThreads);
+      named_bar_arrive(kBarMa, kConsumerThreads);
+      // P_a = 2^(S_a − m_a); O_L = O_L·2^(m − m_a) + P_a·V_a,L (P_a from registers).
+      exponentiate(s, pr, m_a, scale, st.l);
       if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 0, wg, tid_in_wg);
       if (i > 0) rescale_rows(o, alpha);
       wgmma_fence();
       fence_regs(o);
       fence_regs(pr);
-      issue_pv_regs(o, pr, v_lo0, i > 0);  // O_L += P_a·V_a,L
+      issue_pv_regs(o, pr, v_lo0, i > 0);
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(o);
-      __syncwarp();
-      if (lane == 0) {  // stage 0: scores and P_a·V_a,L done (P_a stays until warpgroup 1 releases it)
-        mbar_arrive(bar_addr(empty, 0));
-        mbar_arrive(bar_addr(empty, 1));
-      }
-
-      // O_L ·= 2^(m_a − m_b) once warpgroup 1 has m_b, then O_L += P_b·V_b,L (P_b from stage 1's rope block).
+      // m_b from warpgroup 1; P_a·2^(m_a − m_b) over the rope block of stage 0 for warpgroup 1.
       named_bar_sync(kBarMb, kConsumerThreads);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        m_b[e] = red_ma[64 + st.rs[e]];
+        m_b[e] = red_m[64 + st.rs[e]];
         beta[e] = rescale_factor(m_a[e], m_b[e]);
         st.l[e] *= beta[e];
         st.m[e] = m_b[e];
       }
+      store_p(kv_s + 8 * kBlockBytes, s, beta, st, lane);
+      fence_proxy_async();
+      named_bar_arrive(kBarPa, kConsumerThreads);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: only warpgroup 1 reads them now
+      wgmma_wait<0>();
+      fence_regs(o);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 0));  // stage 0, columns 0-3: P_a·V_a,L retired
+      // O_L ·= 2^(m_a − m_b), O_L += P_b·V_b,L (P_b from stage 1's rope block, at m_b).
       rescale_rows(o, beta);
       named_bar_sync(kBarPb, kConsumerThreads);
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 0, wg, tid_in_wg);
       wgmma_fence();
       fence_regs(o);
-      issue_pv_smem(o, p_lo0 + kStage, v_lo0 + kStage, true);  // O_L += P_b·V_b,L
+      issue_pv_smem(o, p_lo0 + kStage, v_lo0 + kStage, true);
       wgmma_commit();
-      if (more) {
-        issue_scores(s, q_lo, k_lo0, full, par ^ 1);  // the next tile a, behind P_b·V_b,L
-        wgmma_commit();
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
+      wgmma_wait<0>();
       fence_regs(o);
       __syncwarp();
-      if (lane == 0) {  // stage 1: P_b·V_b,L retired (columns 0-3 and P_b in column block 8)
+      if (lane == 0) {  // stage 1: P_b·V_b,L retired (columns 0-3, and P_b in column block 8)
         mbar_arrive(bar_addr(empty, 2));
         mbar_arrive(bar_addr(empty, 3));
       }
+      if (more) {  // scores of the next tile a, for the next pair
+        issue_scores(s, q_lo, k_lo0, full, par ^ 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(s);
+      }
+    }
+  } else {
+    // ---- warpgroup 1: tiles b (stage 1), columns [256, 512) ----
+    if (w.npairs > 0) {  // scores of the first tile b
+      issue_scores(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), 0);
+      wgmma_commit();
       wgmma_wait<0>();
       fence_regs(s);
     }
-  } else {
-    // ---- warpgroup 1: scores tiles b (stage 1), columns [256, 512) ----
     for (int i = 0; i < w.npairs; ++i) {
+      const bool more = i + 1 < w.npairs;
       const uint32_t par = uint32_t(i) & 1;
-      float mx[2], m_a[2], alpha[2], m_b[2], beta[2], one[2] = {1.0f, 1.0f};
-      // O_R = O_R·2^(m − m_a) + P_a·V_a,R as soon as warpgroup 0 has published P_a (so that stage 0 is
-      // released early in the pair), and the scores of tile b behind it.
-      named_bar_sync(kBarPa, kConsumerThreads);
-      float* const red_ma = red + 128 * par;  // m_a and m_b of this pair: slots of its parity
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        m_a[e] = red_ma[st.rs[e]];
-        alpha[e] = rescale_factor(st.m[e], m_a[e]);
-        st.l[e] *= alpha[e];
-        st.m[e] = m_a[e];
-      }
-      if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
-      if (i > 0) rescale_rows(o, alpha);
-      wgmma_fence();
-      fence_regs(o);
-      issue_pv_smem(o, p_lo0, v_lo0 + kHalf, i > 0);  // O_R += P_a·V_a,R
-      wgmma_commit();
-      issue_scores(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par);  // S_b
-      wgmma_commit();
-      wgmma_wait<1>();
-      fence_regs(o);
-      __syncwarp();
-      if (lane == 0) {  // stage 0: P_a·V_a,R retired (this warpgroup never reads columns 0-3 of it)
-        mbar_arrive(bar_addr(empty, 0));
-        mbar_arrive(bar_addr(empty, 1));
-      }
-      wgmma_wait<0>();
-      fence_regs(s);
-
-      // m_b = max(m_a, rowmax S_b), P_b; O_R ·= 2^(m_a − m_b), O_R += P_b·V_b,R; P_b for warpgroup 0.
+      float* const red_m = red + 128 * par;
+      float mx[2], m_a[2], alpha[2], m_b[2], one[2] = {1.0f, 1.0f};
+      // m_b = max(m_a, rowmax S_b), published; O_R's scale moves once per pair, from m to m_b.
       mask_scores(s, mx, ok + 1, w.k_begin + (2 * i + 1) * kTile, st, scale, lane);
+      __syncwarp();
+      if (lane == 0) {  // columns 0-3 of both stages: this warpgroup reads them no more in this pair
+        mbar_arrive(bar_addr(empty, 0));
+        mbar_arrive(bar_addr(empty, 2));
+      }
+      named_bar_sync(kBarMa, kConsumerThreads);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
+        m_a[e] = red_m[st.rs[e]];
         m_b[e] = fmaxf(m_a[e], mx[e]);
-        beta[e] = rescale_factor(m_a[e], m_b[e]);
-        st.l[e] *= beta[e];
+        alpha[e] = rescale_factor(st.m[e], m_b[e]);
+        st.l[e] *= alpha[e];
         st.m[e] = m_b[e];
       }
       if ((lane & 3) == 0) {
-        red_ma[64 + st.rs[0]] = m_b[0];
-        red_ma[64 + st.rs[1]] = m_b[1];
+        red_m[64 + st.rs[0]] = m_b[0];
+        red_m[64 + st.rs[1]] = m_b[1];
       }
       named_bar_arrive(kBarMb, kConsumerThreads);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: scores b done, flags read
+      // P_b = 2^(S_b − m_b); O_R = O_R·2^(m − m_b) + P_b·V_b,R (registers); P_b for warpgroup 0.
       exponentiate(s, pr, m_b, scale, st.l);
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 4, wg, tid_in_wg);
-      rescale_rows(o, beta);
+      if (i > 0) rescale_rows(o, alpha);
       wgmma_fence();
       fence_regs(o);
       fence_regs(pr);
-      issue_pv_regs(o, pr, v_lo0 + kStage + kHalf, true);  // O_R += P_b·V_b,R
+      issue_pv_regs(o, pr, v_lo0 + kStage + kHalf, i > 0);
       wgmma_commit();
-      store_p(kv_s + kTileBytes + 8 * kBlockBytes, s, one, st, lane);  // P_b for warpgroup 0
+      store_p(kv_s + kTileBytes + 8 * kBlockBytes, s, one, st, lane);
       fence_proxy_async();
       named_bar_arrive(kBarPb, kConsumerThreads);
+      // O_R += P_a·V_a,R once warpgroup 0 has stored P_a at m_b.
+      named_bar_sync(kBarPa, kConsumerThreads);
+      if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
+      wgmma_fence();
+      issue_pv_smem(o, p_lo0, v_lo0 + kHalf, true);
+      wgmma_commit();
+      wgmma_wait<1>();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
       wgmma_wait<0>();
       fence_regs(o);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
+      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
+      if (more) {  // scores of the next tile b, for the next pair
+        issue_scores(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(s);
+      }
     }
   }
   wgmma_wait<0>();
