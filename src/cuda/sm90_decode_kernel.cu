@@ -55,14 +55,15 @@ constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 struct Smem {
   static constexpr int q = 0;
   static constexpr int kv = q + kTileBytes;
-  static constexpr int red = kv + 2 * kTileBytes;
+  static constexpr int pb = kv + 2 * kTileBytes;  // P_b: [64 rows][64 keys] bf16, K-major swizzled
+  static constexpr int red = pb + kBlockBytes;
   static constexpr int ok = red + 6 * 64 * 4;
   static constexpr int full = ok + 2 * 8;                 // [2][9] u64
   static constexpr int empty = full + 2 * kSubTiles * 8;  // [2][2] u64
   static constexpr int total = empty + 4 * 8;
 };
 static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
-static_assert(Smem::kv % 1024 == 0 && Smem::full % 8 == 0, "alignment of the swizzled tiles and the barriers");
+static_assert(Smem::kv % 1024 == 0 && Smem::pb % 1024 == 0 && Smem::full % 8 == 0, "alignment of the swizzled tiles and the barriers");
 
 // ---- PTX wrappers ----
 
@@ -199,19 +200,27 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32
 #undef MLADCP_O128
 #undef MLADCP_O128_REGS
 
-// S = Q·Kᵀ over the 64 keys of a stage (36 k-steps of 16 dims; the first overwrites S), once the
-// stage's 9 copies (`full`, phase parity `parity`) have landed. All waits come before the first
-// issue: an mbarrier wait loop between two wgmma issues makes ptxas serialize every wgmma of the
-// kernel (checked in the SASS: one WARPGROUP.DEPBAR after each HGMMA).
+// S = Q·Kᵀ over the 64 keys of a stage (36 k-steps of 16 dims; the first overwrites S), one commit group
+// per 64-dim column block, each issued once its copy (`full`, phase parity `parity`) has landed. The
+// blocks go in the order the ring refills them: warpgroup 0 from block 0 (its stage's columns 0-3 are
+// released first), warpgroup 1 from block 4. The mbarrier waits sit between commit groups, never
+// inside one (a wait loop inside a group makes ptxas serialize every wgmma of the kernel), and nothing
+// touches S until the caller's wgmma_wait.
+template <int kFirstBlock>
 __device__ __forceinline__ void issue_scores(float (&s)[32], uint32_t q_lo, uint32_t k_lo, uint32_t full,
                                              uint32_t parity) {
-  for (int c = 0; c < kSubTiles; ++c) mbar_wait(full + 8 * c, parity);
-  wgmma_fence();
   fence_regs(s);
 #pragma unroll
-  for (int kk = 0; kk < kQkDim / 16; ++kk) {
-    const uint32_t koff = uint32_t(((kk >> 2) * kBlockBytes + (kk & 3) * 32) >> 4);
-    wgmma_qk_m64n64(s, desc(q_lo + koff), desc(k_lo + koff), kk > 0);
+  for (int j = 0; j < kSubTiles; ++j) {
+    const int c = (kFirstBlock + j) % kSubTiles;
+    mbar_wait(full + 8 * c, parity);
+    wgmma_fence();
+#pragma unroll
+    for (int k4 = 0; k4 < 4; ++k4) {
+      const uint32_t koff = uint32_t((c * kBlockBytes + k4 * 32) >> 4);
+      wgmma_qk_m64n64(s, desc(q_lo + koff), desc(k_lo + koff), j > 0 || k4 > 0);
+    }
+    wgmma_commit();
   }
 }
 // O += P·V with P in registers (p[4·ks .. 4·ks + 3]: keys 16·ks .. 16·ks + 15).
@@ -407,28 +416,43 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
   // 128 heads: the chunks of a split run side by side and meet their keys in L2 anyway).
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  TilePages next = fetch_pages(p, bt_row, w.k_begin, w.k_end, rows, copies);
-  for (int t = 0; t < 2 * w.npairs; ++t) {
-    const int s = t & 1, use = t >> 1;
-    const int kt = w.k_begin + t * kTile;
-    const TilePages cur = next;
-    next = fetch_pages(p, bt_row, kt + kTile, w.k_end, rows, copies);  // in flight while this tile waits
-    const uint64_t bits = present_bits(cur, kt, w.k_end, rows, copies);
-    // A block id of -1 is out of the tensor map's range: the copy engine fills zeros (and counts the bytes).
-    if (use > 0) mbar_wait(bar_addr(empty, 2 * s), uint32_t(use - 1) & 1);
-    ok[s] = bits;
-    const uint32_t stage = kv + uint32_t(s * kTileBytes);
+  // Copies of column blocks [c0, c1) of a tile into stage `st`, completing on the stage's full barriers.
+  auto copy_blocks = [&](const TilePages& tp, int st, int c0, int c1) {
+    const uint32_t stage = kv + uint32_t(st * kTileBytes);
 #pragma unroll 1
-    for (int c = 0; c < kSubTiles; ++c) {
-      if (c == 4 && use > 0) mbar_wait(bar_addr(empty, 2 * s + 1), uint32_t(use - 1) & 1);
-      const uint32_t bar = bar_addr(full, s * kSubTiles + c);
+    for (int c = c0; c < c1; ++c) {
+      const uint32_t bar = bar_addr(full, st * kSubTiles + c);
       mbar_arrive_expect_tx(bar, kBlockBytes);
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         if (q < copies)
-          tma_load_3d(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, cur.row[q], cur.blk[q],
+          tma_load_3d(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, tp.row[q], tp.blk[q],
                       policy);
     }
+  };
+  // Pairs of tiles (a in stage 0, b in stage 1). The four halves of a pair's stages are refilled in the
+  // order the consumers release them in the previous pair: a's columns 0-3 (after warpgroup 0's P_a·V_a,L),
+  // b's columns 4-8 (after warpgroup 1's P_b·V_b,R), a's columns 4-8 (after P_a·V_a,R, which waits for m_b),
+  // b's columns 0-3 (after P_b·V_b,L, last).
+  TilePages next_a = fetch_pages(p, bt_row, w.k_begin, w.k_end, rows, copies);
+  TilePages next_b = fetch_pages(p, bt_row, w.k_begin + kTile, w.k_end, rows, copies);
+  for (int i = 0; i < w.npairs; ++i) {
+    const int kt = w.k_begin + 2 * i * kTile;
+    const TilePages ta = next_a, tb = next_b;
+    next_a = fetch_pages(p, bt_row, kt + 2 * kTile, w.k_end, rows, copies);  // in flight while this pair waits
+    next_b = fetch_pages(p, bt_row, kt + 3 * kTile, w.k_end, rows, copies);
+    const uint32_t prev = uint32_t(i - 1) & 1;  // phase of the previous pair's releases
+    // A block id of -1 is out of the tensor map's range: the copy engine fills zeros (and counts the bytes).
+    if (i > 0) mbar_wait(bar_addr(empty, 0), prev);
+    ok[0] = present_bits(ta, kt, w.k_end, rows, copies);
+    copy_blocks(ta, 0, 0, 4);
+    if (i > 0) mbar_wait(bar_addr(empty, 3), prev);
+    copy_blocks(tb, 1, 4, kSubTiles);
+    if (i > 0) mbar_wait(bar_addr(empty, 1), prev);
+    copy_blocks(ta, 0, 4, kSubTiles);
+    if (i > 0) mbar_wait(bar_addr(empty, 2), prev);
+    ok[1] = present_bits(tb, kt + kTile, w.k_end, rows, copies);
+    copy_blocks(tb, 1, 0, 4);
   }
 }
 
@@ -514,7 +538,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint32_t kHalf = (4 * kBlockBytes) >> 4;  // value columns 256-511 of a stage
   const uint32_t q_lo = kmajor_lo(smem_addr(q_s));
   const uint32_t k_lo0 = kmajor_lo(kv_addr);                    // keys of stage 0
-  const uint32_t p_lo0 = kmajor_lo(kv_addr + 8 * kBlockBytes);  // P over the rope block of stage 0
+  const uint32_t p_lo0 = kmajor_lo(kv_addr + 8 * kBlockBytes);  // P_a over the rope block of stage 0
+  const uint32_t pb_lo = kmajor_lo(smem_addr(smem + Smem::pb));  // P_b in its own buffer
   const uint32_t v_lo0 = nmajor_lo(kv_addr);                    // values of stage 0, columns 0-255
   // The tile whose last keys lie past the split's end (rows [tail_valid, 64) to zero), or -1.
   const int tail_tile = (w.k_end - w.k_begin) % kTile ? w.ntiles - 1 : -1;
@@ -529,8 +554,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // ---- warpgroup 0: tiles a (stage 0), columns [0, 256) ----
     if (w.npairs > 0) {  // scores of the first tile a
-      issue_scores(s, q_lo, k_lo0, full, 0);
-      wgmma_commit();
+      issue_scores<0>(s, q_lo, k_lo0, full, 0);
       wgmma_wait<0>();
       fence_regs(s);
     }
@@ -539,6 +563,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t par = uint32_t(i) & 1;
       float* const red_m = red + 128 * par;  // m_a and m_b of this pair: slots of its parity
       float mx[2], m_a[2], alpha[2], m_b[2], beta[2];
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: this warpgroup never reads them
       // m_a = max(m, rowmax S_a), published at once: warpgroup 1 holds S_b already and needs only m_a.
       mask_scores(s, mx, ok, w.k_begin + 2 * i * kTile, st, scale, lane);
 #pragma unroll
@@ -579,24 +605,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(o);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_addr(empty, 0));  // stage 0, columns 0-3: P_a·V_a,L retired
-      // O_L ·= 2^(m_a − m_b), O_L += P_b·V_b,L (P_b from stage 1's rope block, at m_b).
+      // O_L ·= 2^(m_a − m_b), O_L += P_b·V_b,L (P_b from its own buffer, at m_b).
       rescale_rows(o, beta);
       named_bar_sync(kBarPb, kConsumerThreads);
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 0, wg, tid_in_wg);
       wgmma_fence();
       fence_regs(o);
-      issue_pv_smem(o, p_lo0 + kStage, v_lo0 + kStage, true);
+      issue_pv_smem(o, pb_lo, v_lo0 + kStage, true);
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(o);
       __syncwarp();
-      if (lane == 0) {  // stage 1: P_b·V_b,L retired (columns 0-3, and P_b in column block 8)
-        mbar_arrive(bar_addr(empty, 2));
-        mbar_arrive(bar_addr(empty, 3));
-      }
+      if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
       if (more) {  // scores of the next tile a, for the next pair
-        issue_scores(s, q_lo, k_lo0, full, par ^ 1);
-        wgmma_commit();
+        issue_scores<0>(s, q_lo, k_lo0, full, par ^ 1);
         wgmma_wait<0>();
         fence_regs(s);
       }
@@ -604,8 +626,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---- warpgroup 1: tiles b (stage 1), columns [256, 512) ----
     if (w.npairs > 0) {  // scores of the first tile b
-      issue_scores(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), 0);
-      wgmma_commit();
+      issue_scores<4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), 0);
       wgmma_wait<0>();
       fence_regs(s);
     }
@@ -644,7 +665,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(pr);
       issue_pv_regs(o, pr, v_lo0 + kStage + kHalf, i > 0);
       wgmma_commit();
-      store_p(kv_s + kTileBytes + 8 * kBlockBytes, s, one, st, lane);
+      store_p(smem + Smem::pb, s, one, st, lane);
       fence_proxy_async();
       named_bar_arrive(kBarPb, kConsumerThreads);
       // O_R += P_a·V_a,R once warpgroup 0 has stored P_a at m_b.
@@ -661,8 +682,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
       if (more) {  // scores of the next tile b, for the next pair
-        issue_scores(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1);
-        wgmma_commit();
+        issue_scores<4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1);
         wgmma_wait<0>();
         fence_regs(s);
       }
