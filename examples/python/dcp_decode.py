@@ -42,6 +42,9 @@ def main() -> int:
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
         decoder = mladcp.DcpDecoder(interleave=args.interleave, merge=args.merge)
+        nccl = mladcp.nccl_library()
+        print(f"rank {decoder.rank}: NCCL {nccl['version']} ({nccl['path']}) beside torch's "
+              f"{'.'.join(map(str, torch.cuda.nccl.version()))}: {decoder.adoption}", flush=True)
         to_dev = lambda a: torch.from_numpy(a).cuda()  # noqa: E731
         bf16 = lambda a: torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()  # noqa: E731
         host = lambda t: t.float().cpu().numpy()  # noqa: E731

@@ -102,6 +102,25 @@ Status adopt_nccl_communicator(ncclComm* comm, const NcclOptions& options, std::
 // "2.28.9 (built with 2.28.9)": the NCCL library loaded and the header compiled against.
 std::string nccl_version_string();
 
+// The NCCL library the communicator calls. The C++ library calls the NCCL the program is linked against;
+// the Python module's build loads its own on first use (a private copy, symbols kept local; see
+// docs/python.md) and reports here whether that worked.
+struct NcclLibraryInfo {
+  bool loaded = false;  // false: no communicator can be made, `error` says why
+  std::string error;
+  std::string path;           // the library's file
+  int version = 0;            // its ncclGetVersion code (22809 for 2.28.9)
+  bool private_copy = false;  // loaded by mladcp itself (dlopen RTLD_LOCAL | RTLD_DEEPBIND)
+};
+NcclLibraryInfo nccl_library_info();
+
+// Whether `library`, a shared object already loaded in this process (a file path, e.g. an engine's
+// libtorch_cuda.so), reaches NCCL through the very library instance the communicator calls. An ncclComm_t
+// is valid only in the library instance that created it, so only then may adopt_nccl_communicator() take
+// a communicator that `library` created. false when `library` is not loaded, resolves no NCCL symbol (a
+// static NCCL inside it), or resolves them to another NCCL.
+bool nccl_library_shared_with(const std::string& library);
+
 // Sets NCCL_NVLS_ENABLE=0 unless the variable is already set (NVLink SHARP / multicast off).
 void nccl_disable_nvls_if_unset();
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os as _os
 
-# torch first when it is installed: it loads the NCCL library it was built with, which the extension (linked
-# against the system NCCL when built with CUDA) then shares instead of loading an older one torch cannot use.
+# torch first when it is installed. The extension has no NCCL dependency: it loads its own NCCL on first
+# use (a private copy, docs/python.md), after torch's, so torch's libraries bind to the NCCL they were built
+# with (a library loaded earlier under the soname libnccl.so.2 would be taken for theirs).
 _torch = None
 if not _os.environ.get("MLADCP_NO_TORCH"):
     try:
@@ -37,7 +38,7 @@ from .api import (
     write_kv_cache,
 )
 from .compat import flash_mla_with_kvcache, get_mla_metadata, trtllm_batch_decode_with_kv_cache_mla
-from .dcp import DcpDecoder
+from .dcp import DcpDecoder, nccl_library
 
 __version__: str = _mladcp.__version__
 cuda_built: bool = _mladcp.cuda_built
@@ -55,6 +56,7 @@ __all__ = [
     "from_bf16_bits",
     "get_mla_metadata",
     "merge",
+    "nccl_library",
     "num_virtual_blocks",
     "to_bf16_bits",
     "torch_ops_registered",

@@ -6,15 +6,16 @@ the query over the group, decode of all H heads over the local shard with LSE, a
 partial states (one all-to-all, or LSE all-gather + reduce-scatter), and writes this rank's H/W heads.
 
 Communicators:
-  * torch.distributed NCCL group (GPU ranks, one GPU per process): adopts the group's own NCCL
-    communicator when torch exposes it (ProcessGroupNCCL._comm_ptr()), otherwise creates a new NCCL
-    communicator whose unique id is broadcast over the group. Known defect (H200 machine, torch 2.11 with
-    its bundled NCCL, mladcp built against the system NCCL 2.28): in a process that imported torch, the
-    first NCCL call of the module crashed (segmentation fault), adopted or bootstrapped; see docs/python.md.
+  * torch.distributed NCCL group (GPU ranks, one GPU per process). The module calls its own NCCL, loaded on
+    first use as a private copy (docs/python.md, "NCCL next to torch"), so by default it creates a new NCCL
+    communicator whose unique id is broadcast over the group. It adopts the group's own communicator
+    (ProcessGroupNCCL._comm_ptr()) only when torch's NCCL is the very library instance the module calls
+    (see _choose_adoption); `DcpDecoder.adoption` says what was chosen and why.
   * mpi4py communicator (CPU ranks; host tensors).
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Tuple, Union
 
 from . import _frameworks as fw
@@ -28,7 +29,9 @@ class DcpDecoder:
     group: a torch.distributed process group with the NCCL backend (None: the default group);
     mpi_comm: an mpi4py communicator instead (host memory, backend "cpu" by default). merge: "a2a" or
     "ag-rs". A peer that stalls makes a step fail with RuntimeError (timeout) after deadline_s on every
-    rank. Every rank must call decode with the same shapes.
+    rank. Every rank must call decode with the same shapes. adopt_communicator: use the torch group's own
+    NCCL communicator where the rule of _choose_adoption allows it (else a new one is created); the
+    attributes `adopted` and `adoption` say what was chosen and why.
     """
 
     def __init__(
@@ -54,9 +57,10 @@ class DcpDecoder:
             self._impl = _C._DcpDecoder.from_mpi(MPI._handleof(mpi_comm), backend or "", merge, int(interleave),
                                                  float(deadline_s), bool(agree_on_validation))
             self.adopted = False
+            self.adoption = "mpi4py communicator"
             return
-        self._impl, self.adopted = _torch_decoder(group, backend or "", merge, int(interleave), float(deadline_s),
-                                                  adopt_communicator, device)
+        self._impl, self.adopted, self.adoption = _torch_decoder(group, backend or "", merge, int(interleave),
+                                                                 float(deadline_s), adopt_communicator, device)
 
     @property
     def world(self) -> int:
@@ -119,6 +123,13 @@ class DcpDecoder:
         self._impl.abort(reason)
 
 
+def nccl_library() -> dict:
+    """The NCCL the module's communicator calls: {"loaded", "error", "path", "version", "private_copy"}.
+    The module loads it on the first call of this function or of a DcpDecoder over a torch group (a private
+    copy, see docs/python.md), so call it after torch has loaded its own NCCL (import torch first)."""
+    return dict(_C._nccl_library())
+
+
 def _torch_decoder(group, backend, merge, interleave, deadline_s, adopt, device):
     torch = fw.torch_module()
     if torch is None:
@@ -137,10 +148,16 @@ def _torch_decoder(group, backend, merge, interleave, deadline_s, adopt, device)
         raise NotImplementedError("unsupported: this build of mladcp has no NCCL communicator")
     dev = torch.cuda.current_device() if device is None else int(device)
     stream = torch.cuda.current_stream(dev).cuda_stream
-    if adopt:
-        ptr = _torch_comm_ptr(torch, dist, group, dev)
-        if ptr:
-            return _C._DcpDecoder.from_nccl_comm(ptr, dev, stream, backend, merge, interleave, deadline_s), True
+    nccl = nccl_library()  # loads the module's NCCL (after torch's, which the group already loaded)
+    if not nccl["loaded"]:
+        raise RuntimeError(f"unavailable: {nccl['error']}")
+    owner = _torch_nccl_owner(torch)
+    shared = bool(owner) and _C._nccl_library_shared_with(owner)
+    ptr = _torch_comm_ptr(torch, dist, group, dev) if adopt and shared else 0
+    adopted, reason = _choose_adoption(adopt, shared, ptr)
+    if adopted:
+        impl = _C._DcpDecoder.from_nccl_comm(ptr, owner, dev, stream, backend, merge, interleave, deadline_s)
+        return impl, True, reason
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
     src = dist.get_global_rank(group, 0) if hasattr(dist, "get_global_rank") else 0
@@ -152,7 +169,29 @@ def _torch_decoder(group, backend, merge, interleave, deadline_s, adopt, device)
 
     impl = _C._DcpDecoder.from_nccl_bootstrap(rank, world, broadcast, dev, stream, backend, merge, interleave,
                                               deadline_s)
-    return impl, False
+    return impl, False, reason
+
+
+def _choose_adoption(requested: bool, shared: bool, comm_ptr: int) -> Tuple[bool, str]:
+    """The rule for a torch NCCL group: (adopt, reason). An ncclComm_t is valid only in the NCCL library
+    instance that created it, so torch's communicator is adopted only when adoption is requested, torch's
+    NCCL is the very library instance this module calls (`shared`: mladcp._mladcp._nccl_library_shared_with
+    on torch's libtorch_cuda.so), and torch exposes the communicator (`comm_ptr` != 0). Otherwise the
+    module creates its own communicator, its unique id broadcast over the group."""
+    if not requested:
+        return False, "own communicator: adoption not requested"
+    if not shared:
+        return False, ("own communicator: torch's NCCL is another library than the module's "
+                       "(set MLADCP_NCCL_LIBRARY to torch's libnccl.so.2 to share it)")
+    if not comm_ptr:
+        return False, "own communicator: torch does not expose its communicator (ProcessGroupNCCL._comm_ptr)"
+    return True, "adopted torch's communicator: torch and the module call the same NCCL"
+
+
+def _torch_nccl_owner(torch) -> str:
+    """The file of torch's library that calls NCCL (libtorch_cuda.so), or "" when there is none."""
+    path = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib", "libtorch_cuda.so")
+    return os.path.realpath(path) if os.path.exists(path) else ""
 
 
 def _torch_comm_ptr(torch, dist, group, dev) -> int:

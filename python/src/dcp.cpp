@@ -163,10 +163,16 @@ PyDcpDecoder* wrap_nccl(std::unique_ptr<NcclCommunicator> nccl, const std::strin
 }
 #endif
 
-PyDcpDecoder* from_nccl_comm(uintptr_t comm_ptr, int device, uintptr_t stream, const std::string& backend,
-                             const std::string& merge, int interleave, double deadline_s) {
+// Adopts an ncclComm_t that `owner` (the loaded library that created it, e.g. torch's libtorch_cuda.so)
+// made. Refused unless `owner` reaches NCCL through the very library instance this module calls: a
+// communicator of another NCCL must never be handed to ours.
+PyDcpDecoder* from_nccl_comm(uintptr_t comm_ptr, const std::string& owner, int device, uintptr_t stream,
+                             const std::string& backend, const std::string& merge, int interleave, double deadline_s) {
 #if MLADCP_PY_NCCL
   if (!comm_ptr) throw_invalid("nccl_comm: null communicator pointer");
+  if (!nccl_library_shared_with(owner))
+    throw_invalid("nccl_comm: made by '" + owner + "', which does not call the NCCL this module uses (" +
+                  nccl_library_info().path + "); a communicator of another NCCL library cannot be adopted");
   NcclOptions options;
   options.device = device;
   options.stream = reinterpret_cast<void*>(stream);
@@ -178,7 +184,8 @@ PyDcpDecoder* from_nccl_comm(uintptr_t comm_ptr, int device, uintptr_t stream, c
   }
   return wrap_nccl(std::move(nccl), backend, make_config(merge, interleave, deadline_s));
 #else
-  (void)comm_ptr, (void)device, (void)stream, (void)backend, (void)merge, (void)interleave, (void)deadline_s;
+  (void)comm_ptr, (void)owner, (void)device, (void)stream, (void)backend, (void)merge, (void)interleave,
+      (void)deadline_s;
   throw UnsupportedError("unsupported: this build of mladcp has no NCCL communicator");
 #endif
 }
@@ -220,8 +227,8 @@ void register_dcp(nb::module_& m) {
   nb::class_<PyDcpDecoder>(m, "_DcpDecoder")
       .def_static("from_mpi", &from_mpi, "handle"_a, "backend"_a, "merge"_a, "interleave"_a, "deadline_s"_a, "agree"_a,
                   nb::rv_policy::take_ownership)
-      .def_static("from_nccl_comm", &from_nccl_comm, "comm_ptr"_a, "device"_a, "stream"_a, "backend"_a, "merge"_a,
-                  "interleave"_a, "deadline_s"_a, nb::rv_policy::take_ownership)
+      .def_static("from_nccl_comm", &from_nccl_comm, "comm_ptr"_a, "owner"_a, "device"_a, "stream"_a, "backend"_a,
+                  "merge"_a, "interleave"_a, "deadline_s"_a, nb::rv_policy::take_ownership)
       .def_static("from_nccl_bootstrap", &from_nccl_bootstrap, "rank"_a, "world"_a, "broadcast"_a, "device"_a,
                   "stream"_a, "backend"_a, "merge"_a, "interleave"_a, "deadline_s"_a, nb::rv_policy::take_ownership)
       .def("decode", &PyDcpDecoder::decode, "q"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a, "lse"_a.none(),
@@ -235,6 +242,36 @@ void register_dcp(nb::module_& m) {
       .def("abort", &PyDcpDecoder::abort, "reason"_a);
   m.def("_mpi_available", [] { return mpi_communicator_available(); });
   m.def("_nccl_available", [] { return bool(MLADCP_PY_NCCL); });
+  // The NCCL this module calls (loaded on first use; loading it is what this call does first).
+  m.def("_nccl_library", [] {
+    nb::dict d;
+#if MLADCP_PY_NCCL
+    const NcclLibraryInfo info = nccl_library_info();
+    d["loaded"] = info.loaded;
+    d["error"] = info.error;
+    d["path"] = info.path;
+    d["version"] = info.version;
+    d["private_copy"] = info.private_copy;
+#else
+    d["loaded"] = false;
+    d["error"] = "this build of mladcp has no NCCL communicator";
+    d["path"] = "";
+    d["version"] = 0;
+    d["private_copy"] = false;
+#endif
+    return d;
+  });
+  m.def(
+      "_nccl_library_shared_with",
+      [](const std::string& library) {
+#if MLADCP_PY_NCCL
+        return nccl_library_shared_with(library);
+#else
+        (void)library;
+        return false;
+#endif
+      },
+      "library"_a);
 }
 
 }  // namespace mladcp::py

@@ -100,6 +100,13 @@ Status count_devices(Driver& driver, int* count) {
   return Status::Ok();
 }
 
+// The NCCL library must be usable before any NCCL call.
+Status check_loaded(Driver& driver) {
+  const std::string error = driver.load_error();
+  if (!error.empty()) return Status(StatusCode::kUnavailable, error);
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusCode status_code_of(ncclResult_t result) {
@@ -448,6 +455,7 @@ Status create_communicator(const std::shared_ptr<Driver>& driver, int rank, int 
   if (rank < 0 || rank >= world) return detail::invalid("rank=", rank, ": must be in [0, ", world, ")");
   if (!broadcast) return detail::invalid("broadcast: empty callback (it must give every rank rank 0's unique id)");
   MLADCP_RETURN_IF_ERROR(check_setup_options(options));
+  MLADCP_RETURN_IF_ERROR(check_loaded(*driver));
   if (options.disable_nvls) nccl_disable_nvls_if_unset();
   int count = 0;
   MLADCP_RETURN_IF_ERROR(count_devices(*driver, &count));
@@ -500,6 +508,7 @@ Status create_single_process(const std::shared_ptr<Driver>& driver, const std::v
   if (!out) return detail::invalid("out: null");
   if (devices.empty()) return detail::invalid("devices: empty (give one CUDA device per rank)");
   MLADCP_RETURN_IF_ERROR(check_setup_options(options));
+  MLADCP_RETURN_IF_ERROR(check_loaded(*driver));
   int count = 0;
   MLADCP_RETURN_IF_ERROR(count_devices(*driver, &count));
   std::set<int> seen;
@@ -578,6 +587,7 @@ Status adopt_communicator(const std::shared_ptr<Driver>& driver, ncclComm_t comm
   if (!out) return detail::invalid("out: null");
   if (!comm) return detail::invalid("comm: null (pass the engine's initialized ncclComm_t)");
   MLADCP_RETURN_IF_ERROR(check_setup_options(options));
+  MLADCP_RETURN_IF_ERROR(check_loaded(*driver));
   int world = 0, rank = 0, device = 0;
   ncclResult_t r = driver->comm_count(comm, &world);
   if (r == ncclSuccess) r = driver->comm_user_rank(comm, &rank);

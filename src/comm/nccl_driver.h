@@ -7,6 +7,7 @@
 #include <nccl.h>
 
 #include <memory>
+#include <string>
 
 namespace mladcp::nccl_detail {
 
@@ -15,6 +16,9 @@ class Driver {
   virtual ~Driver() = default;
 
   // ---- NCCL ----
+  // Why the NCCL library cannot be used ("" when it can): the creation paths refuse with it before any
+  // other NCCL call.
+  virtual std::string load_error() { return ""; }
   virtual int version() = 0;  // ncclGetVersion of the loaded library (0 if it fails)
   virtual ncclResult_t get_unique_id(ncclUniqueId* id) = 0;
   virtual ncclResult_t comm_init_rank_config(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,

@@ -27,6 +27,7 @@ class FakeNcclDriver final : public nccl_detail::Driver {
   ncclResult_t async_error = ncclSuccess;     // injected communicator error (reported by polls)
   int event_polls_not_ready = 0;              // cudaEventQuery answers NotReady this many times (-1: forever)
   bool capturing = false;
+  std::string library_error;                  // non-empty: the NCCL library "could not be loaded"
   std::map<const void*, int> device_buffers;  // pointer -> device; anything else is host memory
 
   // ---- record ----
@@ -57,6 +58,10 @@ class FakeNcclDriver final : public nccl_detail::Driver {
   }
 
   // ---- NCCL ----
+  std::string load_error() override {
+    std::lock_guard<std::mutex> l(mu);
+    return library_error;
+  }
   int version() override { return 22809; }
   ncclResult_t get_unique_id(ncclUniqueId* id) override {
     std::memset(id->internal, kIdByte, sizeof(id->internal));

@@ -92,6 +92,22 @@ TEST_F(NcclCommunicatorTest, NoDeviceIsUnavailable) {
   EXPECT_NE(s.message().find("no CUDA device"), std::string::npos) << s.message();
 }
 
+TEST_F(NcclCommunicatorTest, UnloadableLibraryIsUnavailableBeforeAnyNcclCall) {
+  driver->library_error = "NCCL could not be loaded from '/nowhere/libnccl.so.2': no such file";
+  std::unique_ptr<NcclCommunicator> c;
+  Status s = create_communicator(driver, 0, 1, noop_broadcast(), fast_options(), &c);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+  EXPECT_NE(s.message().find("/nowhere/libnccl.so.2"), std::string::npos) << s.message();
+  s = adopt_communicator(driver, reinterpret_cast<ncclComm_t>(0xdead0), fast_options(), &c);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+  std::vector<std::unique_ptr<NcclCommunicator>> comms;
+  EXPECT_EQ(create_single_process(driver, {0, 1}, fast_options(), &comms).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_TRUE(comms.empty());
+  EXPECT_TRUE(driver->calls.empty());
+  EXPECT_TRUE(driver->init_ids.empty());
+}
+
 TEST_F(NcclCommunicatorTest, BroadcastCarriesRankZerosId) {
   NcclUniqueId root;
   auto c0 = std::unique_ptr<NcclCommunicator>();

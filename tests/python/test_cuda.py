@@ -160,14 +160,15 @@ def test_device_mismatch_and_fp8_cache(rng):
     np.testing.assert_allclose(l8.cpu().numpy(), rl, atol=1e-3)
 
 
-@pytest.mark.skip(reason="known defect: the module's NCCL calls crash in a process that imported torch "
-                  "(torch's bundled NCCL beside the system NCCL); docs/python.md")
 @pytest.mark.parametrize("adopt", [True, False])
 def test_dcp_decoder_over_a_one_rank_nccl_group(rng, tmp_path, adopt):
-    """DcpDecoder on a torch.distributed NCCL group of one rank: adopting torch's communicator (when torch
-    exposes it) or bootstrapping its own; equals mladcp.decode; tensors on another device than the
-    communicator's are refused and nothing is written."""
+    """DcpDecoder on a torch.distributed NCCL group of one rank, beside torch's own NCCL: adopting torch's
+    communicator where the rule allows it (torch's NCCL is the module's library instance), else creating its
+    own; equals mladcp.decode; tensors on another device than the communicator's are refused and nothing is
+    written; the step is captured in a CUDA graph and replayed."""
     import torch.distributed as dist
+
+    from mladcp.dcp import _torch_nccl_owner
 
     if not mladcp._mladcp._nccl_available():
         pytest.skip("this build of mladcp has no NCCL communicator")
@@ -177,7 +178,13 @@ def test_dcp_decoder_over_a_one_rank_nccl_group(rng, tmp_path, adopt):
                             device_id=torch.device("cuda", torch.cuda.current_device()))
     try:
         dec = mladcp.DcpDecoder(adopt_communicator=adopt, merge="a2a")
-        print(f"adopt={adopt}: adopted torch's communicator: {dec.adopted}")
+        info = mladcp.nccl_library()
+        shared = mladcp._mladcp._nccl_library_shared_with(_torch_nccl_owner(torch))
+        print(f"adopt={adopt}: torch NCCL {torch.cuda.nccl.version()}, mladcp NCCL {info['version']} "
+              f"({info['path']}), shared: {shared}; {dec.adoption}")
+        assert info["loaded"] and info["private_copy"], info
+        if not (adopt and shared):
+            assert not dec.adopted, dec.adoption
         assert (dec.world, dec.rank, dec.communicator, dec.backend) == (1, 0, "nccl", "cuda")
         case = make_case(rng, batch=3, heads=16, lens=(500, 2, 0), q_len=2, block_size=64)
         q, kv, bt, sl = cuda_case(case)
@@ -204,6 +211,11 @@ def test_dcp_decoder_over_a_one_rank_nccl_group(rng, tmp_path, adopt):
         ro2, rl2 = reference(case)
         assert_gpu_close(out.cpu().numpy(), ro2)
         np.testing.assert_allclose(lse.cpu().numpy(), rl2, atol=1e-3)
+        # torch's own collectives still work beside the module's NCCL.
+        x = torch.full((4,), 2.0, device="cuda")
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        assert (x == 2.0).all()
         del dec
     finally:
         torch.cuda.synchronize()
