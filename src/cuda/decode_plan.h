@@ -6,10 +6,11 @@
 //  - kBatchInvariant (default): 2048 keys whatever the batch; the number of splits of a sequence
 //    depends only on its own local length. Nothing depends on the batch size or on the device, so the
 //    result for a sequence is bitwise the same whatever else is in the batch (batch invariance).
-//  - kFillDevice: shorter splits (down to 256 keys, a multiple of the 64-key tile) when the batch
+//  - kFillDevice: other lengths (256 to 4096 keys, a multiple of the 64-key tile) when the batch
 //    shape alone would leave SMs idle, chosen from host-known values only (num_seqs, max_seq_len,
-//    row chunks, the device's resident-CTA count) to minimize whole waves × split length; a batch
-//    that already fills the device keeps 2048.
+//    row chunks, the device's resident-CTA count) to minimize whole waves × (split length + a
+//    CTA's fixed cost): shorter splits where there are too few CTAs, longer ones where fewer waves
+//    (and no combine) do the same work; a batch that already fills the device keeps 2048.
 //
 // Grid: row_chunks × max_splits × num_seqs CTAs, sized on the host from max_seq_len; a CTA whose
 // split lies past its sequence's split count exits at once. A sequence with one split writes `out`
@@ -48,19 +49,27 @@ MLADCP_HD int num_splits(int64_t local_keys, int split_len) {
 // pipeline start-up than they gain in parallelism).
 inline constexpr int kFillMinSplit = 256;
 
-// kFillDevice: what a CTA costs beyond its keys (query load, partial-state write, its share of the
-// combine), in keys of work; weighs more splits against fewer in the wave count below.
-inline constexpr int kFillCtaOverheadKeys = 192;
+// kFillDevice: the longest split it takes, as a multiple of the invariant length (longer splits leave
+// the wave count at the mercy of the longest sequence of a batch of mixed lengths).
+inline constexpr int kFillMaxSplitFactor = 2;
+
+// kFillDevice: what a wave of CTAs costs beyond its keys (query load and first copies, all CTAs at
+// once; the partial-state write and its share of the combine), in keys of work: about 7 tiles of the
+// Hopper kernel (a one-wave grid of 4-tile CTAs measured 27 µs against 2.5 µs per further tile, H200,
+// docs/perf/gpu-sm90-ws-2026-12-01.md); weighs more splits against fewer in the wave count below.
+inline constexpr int kFillCtaOverheadKeys = 448;
 
 // kFillDevice split length for `base_ctas` = row_chunks · num_seqs CTAs per split index, sequences of
 // at most `max_local` local keys, on a device that holds `wave_ctas` split CTAs at once. A batch
 // that fills the device (base_ctas ≥ wave_ctas) keeps the invariant length. Otherwise every split
-// count from the invariant one up to two waves' worth is costed as waves · (keys per split +
-// kFillCtaOverheadKeys) (the grid runs in whole waves) and the cheapest wins, the fewer splits on a
-// tie; lengths are multiples of the 64-key tile in [kFillMinSplit, invariant_len].
+// count from that of kFillMaxSplitFactor · invariant_len up to two waves' worth is costed as
+// waves · (keys per split + kFillCtaOverheadKeys) (the grid runs in whole waves) and the cheapest
+// wins, the fewer splits on a tie; lengths are multiples of the 64-key tile in
+// [kFillMinSplit, kFillMaxSplitFactor · invariant_len].
 inline int fill_split_tokens(int64_t max_local, int64_t base_ctas, int64_t wave_ctas, int invariant_len) {
   if (base_ctas < 1 || wave_ctas <= base_ctas || max_local <= kFillMinSplit) return invariant_len;
-  const int64_t first = (max_local + invariant_len - 1) / invariant_len;
+  const int64_t longest = int64_t(kFillMaxSplitFactor) * invariant_len;
+  const int64_t first = (max_local + longest - 1) / longest;
   int64_t last = (2 * wave_ctas + base_ctas - 1) / base_ctas;
   const int64_t most = (max_local + kFillMinSplit - 1) / kFillMinSplit;
   if (last > most) last = most;
@@ -69,7 +78,7 @@ inline int fill_split_tokens(int64_t max_local, int64_t base_ctas, int64_t wave_
     int64_t len = (max_local + want - 1) / want;
     len = (len + kTileTokens - 1) / kTileTokens * kTileTokens;
     if (len < kFillMinSplit) len = kFillMinSplit;
-    if (len > invariant_len) len = invariant_len;
+    if (len > longest) len = longest;
     const int64_t splits = (max_local + len - 1) / len;
     const int64_t waves = (base_ctas * splits + wave_ctas - 1) / wave_ctas;
     const int64_t cost = waves * (len + kFillCtaOverheadKeys);
