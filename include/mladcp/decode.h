@@ -16,8 +16,8 @@ enum class SplitPolicy {
   kBatchInvariant = 0,
   // Split lengths chosen so that the grid fills the device (about one to two waves of CTAs) from the
   // batch shape (num_seqs, max_seq_len, heads) and the device's SM count: the same splits as
-  // kBatchInvariant when the batch fills the device, shorter ones for few long sequences, up to twice
-  // as long when that saves a wave; results may
+  // kBatchInvariant when the batch fills the device, shorter ones for few long sequences, one split of up
+  // to 4096 keys per sequence when that saves a wave; results may
   // depend on the batch and the device (still deterministic run to run for the same batch on the
   // same device). The default.
   kFillDevice = 1,

@@ -6,11 +6,11 @@
 //  - kBatchInvariant (default): 2048 keys whatever the batch; the number of splits of a sequence
 //    depends only on its own local length. Nothing depends on the batch size or on the device, so the
 //    result for a sequence is bitwise the same whatever else is in the batch (batch invariance).
-//  - kFillDevice: other lengths (256 to 4096 keys, a multiple of the 64-key tile) when the batch
-//    shape alone would leave SMs idle, chosen from host-known values only (num_seqs, max_seq_len,
-//    row chunks, the device's resident-CTA count) to minimize whole waves × (split length + a
-//    CTA's fixed cost): shorter splits where there are too few CTAs, longer ones where fewer waves
-//    (and no combine) do the same work; a batch that already fills the device keeps 2048.
+//  - kFillDevice: other lengths when the batch shape alone would leave SMs idle, chosen from
+//    host-known values only (num_seqs, max_seq_len, row chunks, the device's resident-CTA count) to
+//    minimize whole waves × (split length + a wave's fixed cost): shorter splits (down to 256 keys, a
+//    multiple of the 64-key tile) where there are too few CTAs, or one split of up to 4096 keys per
+//    sequence where that saves a wave and the combine; a batch that fills the device keeps 2048.
 //
 // Grid: row_chunks × max_splits × num_seqs CTAs, sized on the host from max_seq_len; a CTA whose
 // split lies past its sequence's split count exits at once. A sequence with one split writes `out`
@@ -49,36 +49,29 @@ MLADCP_HD int num_splits(int64_t local_keys, int split_len) {
 // pipeline start-up than they gain in parallelism).
 inline constexpr int kFillMinSplit = 256;
 
-// kFillDevice: the longest split it takes, as a multiple of the invariant length (longer splits leave
-// the wave count at the mercy of the longest sequence of a batch of mixed lengths).
+// kFillDevice: a sequence may take one split of up to this many times the invariant length (no
+// partial state, no combine). Longer splits only in that case: with several splits per sequence, a batch
+// of mixed lengths would wait on the few long splits of its longest sequences (measured: 128 heads,
+// 32 sequences of 8K with every other sequence empty, 4096-key splits ran 1.34× the 2048-key plan).
 inline constexpr int kFillMaxSplitFactor = 2;
 
 // kFillDevice: what a wave of CTAs costs beyond its keys (query load and first copies, all CTAs at
 // once; the partial-state write and its share of the combine), in keys of work: about 7 tiles of the
 // Hopper kernel (a one-wave grid of 4-tile CTAs measured 27 µs against 2.5 µs per further tile, H200,
-// docs/perf/gpu-sm90-ws-2026-12-01.md); weighs more splits against fewer in the wave count below.
+// docs/perf/gpu-sm90-ablation-2026-12-01.md); weighs more splits against fewer in the wave count below.
 inline constexpr int kFillCtaOverheadKeys = 448;
 
 // kFillDevice split length for `base_ctas` = row_chunks · num_seqs CTAs per split index, sequences of
 // at most `max_local` local keys, on a device that holds `wave_ctas` split CTAs at once. A batch
-// that fills the device (base_ctas ≥ wave_ctas) keeps the invariant length. Otherwise every split
-// count from that of kFillMaxSplitFactor · invariant_len up to two waves' worth is costed as
-// waves · (keys per split + kFillCtaOverheadKeys) (the grid runs in whole waves) and the cheapest
-// wins, the fewer splits on a tie; lengths are multiples of the 64-key tile in
-// [kFillMinSplit, kFillMaxSplitFactor · invariant_len].
+// that fills the device (base_ctas ≥ wave_ctas) keeps the invariant length. Otherwise each candidate
+// is costed as waves · (keys per split + kFillCtaOverheadKeys) (the grid runs in whole waves) and the
+// cheapest wins, the fewer splits on a tie: every split count from the invariant one up to two waves'
+// worth (lengths multiples of the 64-key tile in [kFillMinSplit, invariant_len]), and one split per
+// sequence when max_local is at most kFillMaxSplitFactor · invariant_len.
 inline int fill_split_tokens(int64_t max_local, int64_t base_ctas, int64_t wave_ctas, int invariant_len) {
   if (base_ctas < 1 || wave_ctas <= base_ctas || max_local <= kFillMinSplit) return invariant_len;
-  const int64_t longest = int64_t(kFillMaxSplitFactor) * invariant_len;
-  const int64_t first = (max_local + longest - 1) / longest;
-  int64_t last = (2 * wave_ctas + base_ctas - 1) / base_ctas;
-  const int64_t most = (max_local + kFillMinSplit - 1) / kFillMinSplit;
-  if (last > most) last = most;
   int64_t best_len = invariant_len, best_cost = -1;
-  for (int64_t want = first; want <= last; ++want) {
-    int64_t len = (max_local + want - 1) / want;
-    len = (len + kTileTokens - 1) / kTileTokens * kTileTokens;
-    if (len < kFillMinSplit) len = kFillMinSplit;
-    if (len > longest) len = longest;
+  auto consider = [&](int64_t len) {
     const int64_t splits = (max_local + len - 1) / len;
     const int64_t waves = (base_ctas * splits + wave_ctas - 1) / wave_ctas;
     const int64_t cost = waves * (len + kFillCtaOverheadKeys);
@@ -86,6 +79,19 @@ inline int fill_split_tokens(int64_t max_local, int64_t base_ctas, int64_t wave_
       best_cost = cost;
       best_len = len;
     }
+  };
+  const int64_t whole = (max_local + kTileTokens - 1) / kTileTokens * kTileTokens;
+  if (whole > invariant_len && whole <= int64_t(kFillMaxSplitFactor) * invariant_len) consider(whole);
+  const int64_t first = (max_local + invariant_len - 1) / invariant_len;
+  int64_t last = (2 * wave_ctas + base_ctas - 1) / base_ctas;
+  const int64_t most = (max_local + kFillMinSplit - 1) / kFillMinSplit;
+  if (last > most) last = most;
+  for (int64_t want = first; want <= last; ++want) {
+    int64_t len = (max_local + want - 1) / want;
+    len = (len + kTileTokens - 1) / kTileTokens * kTileTokens;
+    if (len < kFillMinSplit) len = kFillMinSplit;
+    if (len > invariant_len) len = invariant_len;
+    consider(len);
   }
   return int(best_len);
 }

@@ -50,12 +50,14 @@ TEST(SplitPolicyPlan, FillDeviceSplitsFewLongSequences) {
   // 64 sequences of 4K with 16 heads (16-row CTAs, two per SM): 4 splits of 1024 fill one wave of 264.
   EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 16, 1, 4096), 264).split_len, 1024);
   // 64 sequences of 4K with 128 heads: 128 CTAs of one split each (one wave, no combine) beat 256 of
-  // 2048 keys (two waves and a combine); 32 sequences of 16K: 4 splits of 4096 (two waves) beat 8 (four).
+  // 2048 keys (two waves and a combine). 32 sequences of 16K keep 8 splits of 2048: several splits per
+  // sequence are never longer than the invariant length.
   EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 128, 1, 4096), 132).split_len, 4096);
-  EXPECT_EQ(cuda_plan::make_plan(plan_params(32, 128, 1, 16384), 132).split_len, 4096);
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 128, 1, 4096), 132).max_splits, 1);
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(32, 128, 1, 16384), 132).split_len, 2048);
   const int longest = cuda_plan::kFillMaxSplitFactor * 2048;
   // Never below kFillMinSplit, always a multiple of the tile, never above kFillMaxSplitFactor × the
-  // invariant length.
+  // invariant length, and longer than the invariant length only as one split per sequence.
   for (int len : {1, 100, 300, 1000, 5000, 70000, 1 << 20})
     for (int seqs : {1, 2, 7, 64, 300})
       for (int heads : {1, 16, 64, 128})
@@ -64,6 +66,7 @@ TEST(SplitPolicyPlan, FillDeviceSplitsFewLongSequences) {
           SCOPED_TRACE("len " + std::to_string(len) + " seqs " + std::to_string(seqs) + " heads " +
                        std::to_string(heads) + " wave " + std::to_string(wave));
           EXPECT_LE(f.split_len, longest);
+          if (f.split_len > 2048) EXPECT_EQ(f.max_splits, 1);
           if (f.split_len != 2048) {
             EXPECT_GE(f.split_len, cuda_plan::kFillMinSplit);
             EXPECT_EQ(f.split_len % cuda_plan::kTileTokens, 0);
