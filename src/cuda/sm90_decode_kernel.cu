@@ -8,7 +8,7 @@
 // Threads: three warpgroups (384).
 //   warpgroup 2, the producer: one thread reads the block table and issues bulk tensor copies (TMA) of
 //     64-key × 64-dim sub-tiles into a two-stage ring; `setmaxnreg` gives its registers to the others.
-//   warpgroups 0 and 1, the consumers, on the seesaw schedule (below): warpgroup w scores the tiles of
+//   warpgroups 0 and 1, the consumers (schedule: docs/cuda.md, "The Hopper kernel"): warpgroup w scores the tiles of
 //     stage w (S = Q·Kᵀ, 36 × wgmma.m64n64k16 from shared memory) and owns output columns
 //     [256w, 256w + 256) of every tile (O_w = O_w·α + P·V_w, 4 × wgmma.m64n256k16 per tile; its own
 //     probabilities from registers, the other warpgroup's from shared memory, V read N-major from the
@@ -16,10 +16,10 @@
 //
 // Shared memory (every tile in the 128-byte-swizzle canonical layout, 1024-byte aligned):
 //   q_s  [9 column blocks][64 rows][128 B]  query rows (64 dims per column block), loaded once
-//   kv_s [2 stages][9][64 keys][128 B]       the ring: stage t % 2 holds tile t; once a tile's scores are
-//                                            done, its column block 8 (rope dims, read only by the
-//                                            scores) holds the bf16 probabilities the other warpgroup
-//                                            multiplies
+//   kv_s [2 stages][9][64 keys][128 B]       the ring: stage t % 2 holds tile t; once tile a's scores
+//                                            are done, stage 0's column block 8 (rope dims, read only by
+//                                            the scores) holds P_a for warpgroup 1
+//   pb   [64 rows][128 B]                    P_b (bf16) for warpgroup 0
 //   red  [6][64] fp32                        m_a, m_b by pair parity (a slot is rewritten two pairs
 //                                            later); row sums of both warpgroups at the end
 //   ok   [2 stages] u64                      key present, bit k for key k (written by the producer with the tile)
