@@ -63,7 +63,8 @@ struct Smem {
   static constexpr int total = empty + 4 * 8;
 };
 static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
-static_assert(Smem::kv % 1024 == 0 && Smem::pb % 1024 == 0 && Smem::full % 8 == 0, "alignment of the swizzled tiles and the barriers");
+static_assert(Smem::kv % 1024 == 0 && Smem::pb % 1024 == 0 && Smem::full % 8 == 0,
+              "alignment of the swizzled tiles and the barriers");
 
 // ---- PTX wrappers ----
 
@@ -537,10 +538,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint32_t kStage = kTileBytes >> 4;        // one stage in descriptor address units
   constexpr uint32_t kHalf = (4 * kBlockBytes) >> 4;  // value columns 256-511 of a stage
   const uint32_t q_lo = kmajor_lo(smem_addr(q_s));
-  const uint32_t k_lo0 = kmajor_lo(kv_addr);                    // keys of stage 0
-  const uint32_t p_lo0 = kmajor_lo(kv_addr + 8 * kBlockBytes);  // P_a over the rope block of stage 0
+  const uint32_t k_lo0 = kmajor_lo(kv_addr);                     // keys of stage 0
+  const uint32_t p_lo0 = kmajor_lo(kv_addr + 8 * kBlockBytes);   // P_a over the rope block of stage 0
   const uint32_t pb_lo = kmajor_lo(smem_addr(smem + Smem::pb));  // P_b in its own buffer
-  const uint32_t v_lo0 = nmajor_lo(kv_addr);                    // values of stage 0, columns 0-255
+  const uint32_t v_lo0 = nmajor_lo(kv_addr);                     // values of stage 0, columns 0-255
   // The tile whose last keys lie past the split's end (rows [tail_valid, 64) to zero), or -1.
   const int tail_tile = (w.k_end - w.k_begin) % kTile ? w.ntiles - 1 : -1;
   const int tail_valid = (w.k_end - w.k_begin) % kTile;
@@ -617,7 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(o);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
-      if (more) {  // scores of the next tile a, for the next pair
+      if (more) {                                      // scores of the next tile a, for the next pair
         issue_scores<0>(s, q_lo, k_lo0, full, par ^ 1);
         wgmma_wait<0>();
         fence_regs(s);
@@ -681,7 +682,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(o);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
-      if (more) {  // scores of the next tile b, for the next pair
+      if (more) {                                      // scores of the next tile b, for the next pair
         issue_scores<4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1);
         wgmma_wait<0>();
         fence_regs(s);
