@@ -139,12 +139,22 @@ struct MergeQuery {
   int64_t rows = 0;  // T · h (token, head) rows this rank ends with
 };
 
-// Kernel: time = a + b · (batch · keys) / 1000 + c · max(0, 1 − CTAs / SMs), with a and b fitted per
-// (KV dtype, row class) and c shared; CTAs = batch · row chunks · ceil(keys / base_split_keys) (the
-// batch-invariant plan). Row classes: rows = heads · q_len rounded up to 16, 32 or a multiple of
-// rows_per_cta; a class without points is scaled from the nearest calibrated class of the same dtype by
-// its row chunks. Collectives: the measured curve of (op, fabric, world) interpolated in size, else the
-// fabric's latency-bandwidth model. Merge: intercept per mode plus bytes / a fitted bandwidth.
+// The grid the cuda backend's default split plan (kFillDevice) gives a decode of `batch` sequences of
+// `keys` keys: its split length, CTAs, and the CTAs one wave holds (SMs, or 2 per SM for CTAs of ≤ 32
+// rows), as the performance model sees it.
+struct KernelGrid {
+  int64_t split_keys = 0, splits = 0, ctas = 0, wave_ctas = 0;
+  int64_t waves() const { return wave_ctas > 0 ? (ctas + wave_ctas - 1) / wave_ctas : 0; }
+};
+KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t batch, int64_t keys);
+
+// Kernel: time = a + b · (batch · keys) / 1000 + c · max(0, 1 − CTAs / wave) + d · waves + e · depth,
+// with a and b fitted per (KV dtype, row class), c, d and e shared; CTAs and waves from kernel_grid (d:
+// the fixed cost of a wave of CTAs, query loads and first copies at once; depth = ceil(splits / 8) with
+// a combine, 0 without: the splits each warp of the combine kernel merges in turn). Row classes: rows = heads · q_len
+// rounded up to 16, 32 or a multiple of rows_per_cta; a class without points is scaled from the nearest calibrated
+// class of the same dtype by its row chunks. Collectives: the measured curve of (op, fabric, world) interpolated in
+// size, else the fabric's latency-bandwidth model. Merge: intercept per mode plus bytes / a fitted bandwidth.
 class PerfModel {
  public:
   static Status create(const Calibration& cal, PerfModel* out);
@@ -166,11 +176,15 @@ class PerfModel {
   };
   const std::vector<KernelClass>& kernel_classes() const { return classes_; }
   double underfill_us() const { return underfill_us_; }
+  double wave_us() const { return wave_us_; }
+  double combine_step_us() const { return combine_step_us_; }
 
  private:
   Calibration cal_;
   std::vector<KernelClass> classes_;
   double underfill_us_ = 0;
+  double wave_us_ = 0;
+  double combine_step_us_ = 0;
   double merge_intercept_us_[2] = {0, 0};  // indexed by DcpMergeMode
   double merge_us_per_byte_ = 0;
 };

@@ -5,6 +5,7 @@
 #include <limits>
 #include <tuple>
 
+#include "cuda/decode_plan.h"
 #include "mladcp/plan.h"
 
 namespace mladcp::plan {
@@ -21,14 +22,15 @@ int row_class(int rows, int rows_per_cta) {
 
 struct KernelFeatures {
   double kkeys = 0;      // batch · keys / 1000
-  double underfill = 0;  // max(0, 1 − CTAs / SMs)
+  double underfill = 0;  // max(0, 1 − CTAs / wave)
+  double waves = 0;      // waves of CTAs
+  double depth = 0;      // splits each warp of the combine kernel merges in turn (8 warps), 0 without a combine
 };
 
 KernelFeatures features(const DeviceParams& dev, int heads, int q_len, int64_t batch, int64_t keys) {
-  const int chunks = row_chunks(heads * q_len, dev.rows_per_cta);
-  const double splits = std::ceil(double(keys) / double(dev.base_split_keys));
-  const double ctas = double(batch) * chunks * std::max(1.0, splits);
-  return {double(batch) * double(keys) / 1000.0, std::max(0.0, 1.0 - ctas / dev.sms)};
+  const KernelGrid g = kernel_grid(dev, heads, q_len, batch, keys);
+  return {double(batch) * double(keys) / 1000.0, std::max(0.0, 1.0 - double(g.ctas) / double(g.wave_ctas)),
+          double(g.waves()), g.splits > 1 ? double((g.splits + 7) / 8) : 0.0};
 }
 
 // Least squares on A x = y (rows of A already weighted) through the normal equations with a tiny ridge;
@@ -101,6 +103,19 @@ const AlphaBeta& alpha_beta(const FabricParams& f, CollectiveOp op) {
 
 }  // namespace
 
+KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t batch, int64_t keys) {
+  const int rows = heads * q_len;
+  const bool small = rows <= 32 && dev.rows_per_cta >= 32;  // 16- or 32-row CTAs, two per SM
+  KernelGrid g;
+  g.wave_ctas = int64_t(std::max(1, dev.sms)) * (small ? 2 : 1);
+  const int64_t base = std::max<int64_t>(1, batch) * (small ? 1 : row_chunks(rows, dev.rows_per_cta));
+  const int invariant = int(std::min<int64_t>(dev.base_split_keys, int64_t(1) << 30));
+  g.split_keys = cuda_plan::fill_split_tokens(keys, base, g.wave_ctas, invariant);
+  g.splits = std::max<int64_t>(1, (keys + g.split_keys - 1) / g.split_keys);
+  g.ctas = base * g.splits;
+  return g;
+}
+
 Status PerfModel::create(const Calibration& cal, PerfModel* out) {
   if (out == nullptr) return Status::InvalidArgument("PerfModel::create: out is null");
   if (cal.kernel.empty()) return Status::InvalidArgument("calibration: kernel: no measured points");
@@ -149,6 +164,20 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
     }
   }
   const int c_index = any_underfill ? nvar++ : -1;
+  bool any_multiwave = false;  // the wave cost needs points of one wave and of more
+  for (size_t i = 0; i < cal.kernel.size(); ++i) {
+    const KernelPoint& p = cal.kernel[i];
+    if (var_index[class_of[i]] >= 0 && features(dev, p.heads, p.q_len, p.batch, p.keys).waves > 1.5) {
+      any_multiwave = true;
+    }
+  }
+  const int d_index = any_multiwave ? nvar++ : -1;
+  bool any_deep = false;  // the combine's cost needs points with several depths
+  for (size_t i = 0; i < cal.kernel.size(); ++i) {
+    const KernelPoint& p = cal.kernel[i];
+    if (var_index[class_of[i]] >= 0 && features(dev, p.heads, p.q_len, p.batch, p.keys).depth > 1.5) any_deep = true;
+  }
+  const int e_index = any_deep ? nvar++ : -1;
   std::vector<double> x(nvar, 0.0);
   if (nvar > 0) {
     std::vector<std::vector<double>> a;
@@ -162,6 +191,8 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
       row[v] = 1.0 / p.time_us;
       row[v + 1] = f.kkeys / p.time_us;
       if (c_index >= 0) row[c_index] = f.underfill / p.time_us;
+      if (d_index >= 0) row[d_index] = f.waves / p.time_us;
+      if (e_index >= 0) row[e_index] = f.depth / p.time_us;
       a.push_back(row);
       y.push_back(1.0);
     }
@@ -169,6 +200,8 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
       return Status::InvalidArgument("calibration: kernel: the points do not determine the fit");
   }
   m.underfill_us_ = c_index >= 0 ? std::max(0.0, x[c_index]) : 0.0;
+  m.wave_us_ = d_index >= 0 ? std::max(0.0, x[d_index]) : 0.0;
+  m.combine_step_us_ = e_index >= 0 ? std::max(0.0, x[e_index]) : 0.0;
   double a_sum = 0;
   int a_n = 0;
   for (size_t c = 0; c < classes.size(); ++c) {
@@ -187,7 +220,9 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
       const KernelPoint& p = cal.kernel[i];
       const KernelFeatures f = features(dev, p.heads, p.q_len, p.batch, p.keys);
       const double w = 1.0 / (p.time_us * p.time_us);
-      num += w * f.kkeys * (p.time_us - a_default - m.underfill_us_ * f.underfill);
+      num +=
+          w * f.kkeys *
+          (p.time_us - a_default - m.underfill_us_ * f.underfill - m.wave_us_ * f.waves - m.combine_step_us_ * f.depth);
       den += w * f.kkeys * f.kkeys;
     }
     classes[c].a_us = a_default;
@@ -281,7 +316,8 @@ Status PerfModel::kernel_us(const KernelQuery& q, double* us) const {
   }
   const double scale = double(row_chunks(rows, dev.rows_per_cta)) / double(row_chunks(ref->rows, dev.rows_per_cta));
   const KernelFeatures f = features(dev, q.heads, q.q_len, q.batch, q.keys);
-  *us = ref->a_us + ref->b_us_per_kkey * scale * f.kkeys + underfill_us_ * f.underfill;
+  *us = ref->a_us + ref->b_us_per_kkey * scale * f.kkeys + underfill_us_ * f.underfill + wave_us_ * f.waves +
+        combine_step_us_ * f.depth;
   return Status::Ok();
 }
 

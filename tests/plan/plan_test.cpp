@@ -281,18 +281,34 @@ TEST(PlanModel, DcpCutsAttentionAtSixteenHeadsPerRank) {
 
 // ---- The fit -----------------------------------------------------------------------------------
 
+// The model's terms other than a and b for a query, from the grid of the default split plan.
+struct GridTerms {
+  double underfill, waves, depth;
+};
+GridTerms grid_terms(const DeviceParams& dev, int heads, int64_t batch, int64_t keys) {
+  const KernelGrid g = kernel_grid(dev, heads, 1, batch, keys);
+  return {std::max(0.0, 1.0 - double(g.ctas) / double(g.wave_ctas)), double(g.waves()),
+          g.splits > 1 ? double((g.splits + 7) / 8) : 0.0};
+}
+
 Calibration synthetic_calibration() {
   Calibration cal = shipped();
   cal.kernel.clear();
-  // time = 20 + 0.5 · batch·keys/1000 (16 rows) and 30 + 1.0 · ... (128 rows), + 10 · under-fill.
+  // time = 20 + 0.5 · batch·keys/1000 (16 rows) and 30 + 1.0 · ... (128 rows), + 10 · under-fill + 6 · waves
+  // + 0.5 · combine depth.
   const auto t = [&](int heads, int64_t batch, int64_t keys) {
-    const int chunks = std::max(1, (heads + 63) / 64);
-    const double ctas = double(batch) * chunks * std::ceil(double(keys) / 2048.0);
-    const double u = std::max(0.0, 1.0 - ctas / 132.0);
-    return (heads <= 16 ? 20.0 + 0.5 * batch * keys / 1000.0 : 30.0 + 1.0 * batch * keys / 1000.0) + 10.0 * u;
+    const GridTerms g = grid_terms(cal.device, heads, batch, keys);
+    return (heads <= 16 ? 20.0 + 0.5 * batch * keys / 1000.0 : 30.0 + 1.0 * batch * keys / 1000.0) +
+           10.0 * g.underfill + 6.0 * g.waves + 0.5 * g.depth;
   };
   for (int heads : {16, 128}) {
-    for (auto [b, k] : {std::pair<int64_t, int64_t>{1, 4096}, {1, 65536}, {8, 8192}, {64, 4096}, {16, 131072}}) {
+    for (auto [b, k] : {std::pair<int64_t, int64_t>{1, 4096},
+                        {1, 65536},
+                        {8, 8192},
+                        {64, 4096},
+                        {16, 131072},
+                        {256, 8192},
+                        {2, 262144}}) {
       cal.kernel.push_back({heads, 1, b, k, DType::kBF16, t(heads, b, k), "synthetic"});
     }
   }
@@ -301,22 +317,45 @@ Calibration synthetic_calibration() {
 
 TEST(PlanModel, FitRecoversASyntheticModel) {
   PerfModel m;
-  ASSERT_TRUE(PerfModel::create(synthetic_calibration(), &m).ok());
+  const Calibration cal = synthetic_calibration();
+  ASSERT_TRUE(PerfModel::create(cal, &m).ok());
   EXPECT_NEAR(m.underfill_us(), 10.0, 1e-4);
+  EXPECT_NEAR(m.wave_us(), 6.0, 1e-4);
+  EXPECT_NEAR(m.combine_step_us(), 0.5, 1e-4);
   for (const auto& c : m.kernel_classes()) {
     EXPECT_NEAR(c.a_us, c.rows == 16 ? 20.0 : 30.0, 1e-4);
     EXPECT_NEAR(c.b_us_per_kkey, c.rows == 16 ? 0.5 : 1.0, 1e-6);
   }
   double us = 0;
   ASSERT_TRUE(m.kernel_us({128, 1, 32, 32768, DType::kBF16}, &us).ok());
-  EXPECT_NEAR(us, 30.0 + 32 * 32768 / 1000.0, 1e-3);
-  // 256 rows are not calibrated: scaled from the 128-row class by its row chunks (4 against 2).
+  GridTerms g = grid_terms(cal.device, 128, 32, 32768);
+  EXPECT_NEAR(us, 30.0 + 32 * 32768 / 1000.0 + 10.0 * g.underfill + 6.0 * g.waves + 0.5 * g.depth, 1e-3);
+  // 256 rows are not calibrated: scaled from the 128-row class by its row chunks (4 against 2); the grid
+  // terms are those of its own grid.
   ASSERT_TRUE(m.kernel_us({256, 1, 32, 32768, DType::kBF16}, &us).ok());
-  EXPECT_NEAR(us, 30.0 + 2.0 * 32 * 32768 / 1000.0, 1e-3);
+  g = grid_terms(cal.device, 256, 32, 32768);
+  EXPECT_NEAR(us, 30.0 + 2.0 * 32 * 32768 / 1000.0 + 10.0 * g.underfill + 6.0 * g.waves + 0.5 * g.depth, 1e-3);
   // No fp8 point: the model says so.
   const Status s = m.kernel_us({16, 1, 1, 1024, DType::kFP8E4M3}, &us);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported);
   EXPECT_NE(s.message().find("fp8"), std::string::npos);
+}
+
+// The grid the model sees is the cuda backend's default plan: one split of 4096 keys for 64 sequences of
+// 4K at 128 heads (one wave of 128 CTAs), 16-row CTAs two per SM.
+TEST(PlanModel, KernelGridFollowsTheSplitPlan) {
+  const DeviceParams dev = shipped().device;
+  KernelGrid g = kernel_grid(dev, 128, 1, 64, 4096);
+  EXPECT_EQ(g.splits, 1);
+  EXPECT_EQ(g.ctas, 128);
+  EXPECT_EQ(g.waves(), 1);
+  g = kernel_grid(dev, 128, 1, 128, 8192);  // fills the device: the invariant 2048-key splits
+  EXPECT_EQ(g.split_keys, 2048);
+  EXPECT_EQ(g.ctas, 128 * 2 * 4);
+  EXPECT_EQ(g.waves(), 8);
+  g = kernel_grid(dev, 16, 1, 128, 4096);
+  EXPECT_EQ(g.wave_ctas, 2 * dev.sms);
+  EXPECT_EQ(g.ctas, 256);
 }
 
 // ---- Bad input -----------------------------------------------------------------------------------
@@ -389,12 +428,19 @@ TEST(PlanCalibration, ParseErrorsNameTheFileAndField) {
   expect_invalid(parse_calibration("{ not json", "broken.json", &cal), "broken.json: not valid JSON");
   expect_invalid(parse_calibration("[]", "list.json", &cal), "list.json: expected a JSON object");
   expect_invalid(parse_edited("\"mladcp-calibration-1\"", "\"other-2\""), "edited.json: format");
-  expect_invalid(parse_edited("\"heads\": 16,", ""), "edited.json: kernel[0].heads: missing");
-  expect_invalid(parse_edited("\"heads\": 16,", "\"heads\": -16,"), "kernel[0].heads: expected an integer in [1");
-  expect_invalid(parse_edited("\"heads\": 16,", "\"heads\": \"16\","), "kernel[0].heads: expected an integer");
+  // The first kernel point's fields as the shipped file spells them (e.g. "heads": 8,).
+  const std::string text = read(kCalibration);
+  const auto first = [&](const std::string& key) {
+    const size_t at = text.find("\"" + key + "\": ", text.find("\"kernel\""));
+    return at == std::string::npos ? key : text.substr(at, text.find_first_of(",}", at) - at);
+  };
+  const std::string heads = first("heads") + ",", time = first("time_us");
+  expect_invalid(parse_edited(heads, ""), "edited.json: kernel[0].heads: missing");
+  expect_invalid(parse_edited(heads, "\"heads\": -16,"), "kernel[0].heads: expected an integer in [1");
+  expect_invalid(parse_edited(heads, "\"heads\": \"16\","), "kernel[0].heads: expected an integer");
   expect_invalid(parse_edited("\"kv_dtype\": \"bf16\"", "\"kv_dtype\": \"int4\""),
                  "kernel[0].kv_dtype: accepted bf16, fp8");
-  expect_invalid(parse_edited("\"time_us\": 184.3", "\"time_us\": 0"), "kernel[0].time_us");
+  expect_invalid(parse_edited(time, "\"time_us\": 0"), "kernel[0].time_us");
   expect_invalid(parse_edited("\"mode\": \"a2a\"", "\"mode\": \"ring\""), "merge[0].mode: accepted a2a, ag-rs");
   expect_invalid(parse_edited("\"op\": \"all_gather\"", "\"op\": \"broadcast\""), "collectives[0].op: accepted");
   expect_invalid(parse_edited("\"fabric\": \"nvlink\"", "\"fabric\": \"pcie\""), "collectives[0].fabric");
