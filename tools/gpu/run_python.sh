@@ -7,8 +7,9 @@
 #
 #   here, once:          tools/gpu/prepare_python.sh        (wheels of nanobind and pytest into .whl/)
 #                        tools/gpu/prepare_deps.sh          (third-party sources into .deps/)
-#   on the GPU machine:  tools/gpu/run_python.sh [stage...]  stages: build test nccl dcp bench (default: all)
-#                        carry .whl and .deps (and .peers with FlashMLA built by .peers/build_flashmla.sh)
+#   on the GPU machine:  tools/gpu/run_python.sh [stage...]  stages: build flashmla test nccl dcp bench
+#                        (default: all but flashmla, which builds FlashMLA from .peers/ for the drop-in checks
+#                        of `test`, about 2 minutes); carry .whl and .deps (and .peers)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -39,6 +40,14 @@ if want build; then
   [ $rc -eq 0 ] || { tail -n 30 "$out/build.log"; exit 1; }
 fi
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
+if want flashmla; then  # FlashMLA from the carried .peers/ (about 2 minutes), for the drop-in comparisons of `test`
+  if [ -f "$root/.peers/build_flashmla.sh" ]; then
+    timeout 300 bash "$root/.peers/build_flashmla.sh" >"$out/flashmla_build.log" 2>&1
+    note "flashmla build: rc $? ($(tail -n 1 "$out/flashmla_build.log"))"
+  else
+    note "flashmla build: .peers/build_flashmla.sh missing (carry .peers)"
+  fi
+fi
 [ -d "$root/.peers/flashmla" ] && export MLADCP_FLASHMLA_PATH="$root/.peers/flashmla"
 if want test; then
   (cd tests/python && timeout 400 python3 -m pytest -q -p no:cacheprovider -rs -s .) >"$out/pytest.log" 2>&1
