@@ -18,6 +18,7 @@
 #include "core/numeric.h"
 #include "core/validate.h"
 #include "mladcp/backend.h"
+#include "mladcp/device_memory.h"
 #include "mladcp/kv_cache.h"
 #include "testkit/median.h"
 
@@ -34,49 +35,14 @@ Status cuda_status(cudaError_t e, const char* what) {
 }
 #define DCP_GPU_CUDA(call) MLADCP_RETURN_IF_ERROR(cuda_status((call), #call))
 
-// One device allocation, freed on destruction.
-class DevBuf {
- public:
-  DevBuf() = default;
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() { reset(); }
-  Status alloc(size_t bytes) {
-    reset();
-    if (bytes == 0) return Status::Ok();
-    const cudaError_t e = cudaMalloc(&ptr_, bytes);
-    if (e != cudaSuccess) {
-      ptr_ = nullptr;
-      return Status(StatusCode::kCudaError, cat("cudaMalloc(", bytes, " bytes): ", cudaGetErrorString(e)));
-    }
-    bytes_ = bytes;
-    return Status::Ok();
-  }
-  Status upload(const void* src, size_t bytes) {
-    MLADCP_RETURN_IF_ERROR(alloc(bytes));
-    if (bytes) DCP_GPU_CUDA(cudaMemcpy(ptr_, src, bytes, cudaMemcpyHostToDevice));
-    return Status::Ok();
-  }
-  Status download(void* dst, size_t bytes) const {
-    if (bytes) DCP_GPU_CUDA(cudaMemcpy(dst, ptr_, bytes, cudaMemcpyDeviceToHost));
-    return Status::Ok();
-  }
-  void reset() {
-    if (ptr_) (void)cudaFree(ptr_);
-    ptr_ = nullptr;
-    bytes_ = 0;
-  }
-  void* data() const { return ptr_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t size() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+// Frees what `b` held, then allocates `bytes` and copies them from the host.
+Status upload(DeviceBuffer& b, const void* src, size_t bytes) {
+  MLADCP_RETURN_IF_ERROR(b.allocate(bytes));
+  return bytes ? copy_host_to_device(b.data(), src, bytes) : Status::Ok();
+}
+Status download(const DeviceBuffer& b, void* dst, size_t bytes) {
+  return bytes ? copy_device_to_host(dst, b.data(), bytes) : Status::Ok();
+}
 
 class Event {
  public:
@@ -347,14 +313,14 @@ Status all_gather_over_ranks(NcclCommunicator& comm, const std::vector<double>& 
   const size_t n = std::max<size_t>(1, mine.size());
   std::vector<double> send(n, 0.0);
   std::copy(mine.begin(), mine.end(), send.begin());
-  DevBuf d_send, d_recv;
-  MLADCP_RETURN_IF_ERROR(d_send.upload(send.data(), n * sizeof(double)));
-  MLADCP_RETURN_IF_ERROR(d_recv.alloc(size_t(comm.world_size()) * n * sizeof(double)));
+  DeviceBuffer d_send, d_recv;
+  MLADCP_RETURN_IF_ERROR(upload(d_send, send.data(), n * sizeof(double)));
+  MLADCP_RETURN_IF_ERROR(d_recv.allocate(size_t(comm.world_size()) * n * sizeof(double)));
   comm.set_wait_for_completion(true);
   MLADCP_RETURN_IF_ERROR(comm.all_gather(d_send.data(), d_recv.data(), n * sizeof(double)));
   MLADCP_RETURN_IF_ERROR(comm.wait(deadline));
   std::vector<double> gathered(size_t(comm.world_size()) * n);
-  MLADCP_RETURN_IF_ERROR(d_recv.download(gathered.data(), gathered.size() * sizeof(double)));
+  MLADCP_RETURN_IF_ERROR(download(d_recv, gathered.data(), gathered.size() * sizeof(double)));
   all->clear();
   for (int r = 0; r < comm.world_size(); ++r)
     all->insert(all->end(), gathered.begin() + ptrdiff_t(size_t(r) * n),
@@ -415,13 +381,13 @@ Status run_check(NcclCommunicator& comm, const CheckCase& c, CheckResult* result
   std::vector<float> lse_init(size_t(T) * Hl);
   test::fill_sentinel(lse_init);
 
-  DevBuf d_kv, d_bt, d_lens, d_q, d_out, d_lse, d_ws;
-  MLADCP_RETURN_IF_ERROR(d_kv.upload(shard.kv_cache.data(), shard.kv_cache.size()));
-  MLADCP_RETURN_IF_ERROR(d_bt.upload(shard.block_table.data(), shard.block_table.size() * sizeof(int32_t)));
-  MLADCP_RETURN_IF_ERROR(d_lens.upload(shard.seq_lens.data(), shard.seq_lens.size() * sizeof(int32_t)));
-  MLADCP_RETURN_IF_ERROR(d_q.upload(q_local.data(), q_local.size() * sizeof(uint16_t)));
-  MLADCP_RETURN_IF_ERROR(d_out.upload(out_init.data(), out_init.size()));
-  if (c.with_lse) MLADCP_RETURN_IF_ERROR(d_lse.upload(lse_init.data(), lse_init.size() * sizeof(float)));
+  DeviceBuffer d_kv, d_bt, d_lens, d_q, d_out, d_lse, d_ws;
+  MLADCP_RETURN_IF_ERROR(upload(d_kv, shard.kv_cache.data(), shard.kv_cache.size()));
+  MLADCP_RETURN_IF_ERROR(upload(d_bt, shard.block_table.data(), shard.block_table.size() * sizeof(int32_t)));
+  MLADCP_RETURN_IF_ERROR(upload(d_lens, shard.seq_lens.data(), shard.seq_lens.size() * sizeof(int32_t)));
+  MLADCP_RETURN_IF_ERROR(upload(d_q, q_local.data(), q_local.size() * sizeof(uint16_t)));
+  MLADCP_RETURN_IF_ERROR(upload(d_out, out_init.data(), out_init.size()));
+  if (c.with_lse) MLADCP_RETURN_IF_ERROR(upload(d_lse, lse_init.data(), lse_init.size() * sizeof(float)));
 
   std::unique_ptr<Backend> backend;
   MLADCP_RETURN_IF_ERROR(create_backend(c.backend, &backend));
@@ -441,7 +407,7 @@ Status run_check(NcclCommunicator& comm, const CheckCase& c, CheckResult* result
   local.block_table = d_bt.as<int32_t>();
   local.seq_lens = d_lens.as<int32_t>();
   local.split_policy = c.split_policy;
-  MLADCP_RETURN_IF_ERROR(d_ws.alloc(decoder->workspace_bytes(local)));
+  MLADCP_RETURN_IF_ERROR(d_ws.allocate(decoder->workspace_bytes(local)));
   ExecContext ctx;
   ctx.stream = stream;
   ctx.workspace = d_ws.data();
@@ -472,28 +438,28 @@ Status run_check(NcclCommunicator& comm, const CheckCase& c, CheckResult* result
     MLADCP_RETURN_IF_ERROR(wait_event(done.get(), comm, limit, "the DCP step"));
   }
   std::vector<uint8_t> out_bytes(out_init.size());
-  MLADCP_RETURN_IF_ERROR(d_out.download(out_bytes.data(), out_bytes.size()));
+  MLADCP_RETURN_IF_ERROR(download(d_out, out_bytes.data(), out_bytes.size()));
   result->out_values = test::to_float(out_bytes.data(), c.out_dtype, out_elems);
   if (c.with_lse) {
     result->lse_values.resize(lse_init.size());
-    MLADCP_RETURN_IF_ERROR(d_lse.download(result->lse_values.data(), lse_init.size() * sizeof(float)));
+    MLADCP_RETURN_IF_ERROR(download(d_lse, result->lse_values.data(), lse_init.size() * sizeof(float)));
   }
 
   // Single-GPU decode of the unsharded cache, all heads, fp32 output, on this rank's device.
   std::unique_ptr<Backend> single;
   MLADCP_RETURN_IF_ERROR(create_backend(c.backend, &single));
-  DevBuf f_kv, f_bt, f_q, f_out, f_lse, f_ws;
-  MLADCP_RETURN_IF_ERROR(f_kv.upload(full.kv_cache.data(), full.kv_cache.size()));
-  MLADCP_RETURN_IF_ERROR(f_bt.upload(full.block_table.data(), full.block_table.size() * sizeof(int32_t)));
-  MLADCP_RETURN_IF_ERROR(f_q.upload(full.q.data(), full.q.size() * sizeof(uint16_t)));
-  MLADCP_RETURN_IF_ERROR(f_out.alloc(size_t(T) * H * kLatentDim * sizeof(float)));
-  MLADCP_RETURN_IF_ERROR(f_lse.alloc(size_t(T) * H * sizeof(float)));
+  DeviceBuffer f_kv, f_bt, f_q, f_out, f_lse, f_ws;
+  MLADCP_RETURN_IF_ERROR(upload(f_kv, full.kv_cache.data(), full.kv_cache.size()));
+  MLADCP_RETURN_IF_ERROR(upload(f_bt, full.block_table.data(), full.block_table.size() * sizeof(int32_t)));
+  MLADCP_RETURN_IF_ERROR(upload(f_q, full.q.data(), full.q.size() * sizeof(uint16_t)));
+  MLADCP_RETURN_IF_ERROR(f_out.allocate(size_t(T) * H * kLatentDim * sizeof(float)));
+  MLADCP_RETURN_IF_ERROR(f_lse.allocate(size_t(T) * H * sizeof(float)));
   MlaDecodeParams ref = full.params(f_out.data(), DType::kFP32, f_lse.as<float>(), base);
   ref.q = f_q.data();
   ref.kv_cache = f_kv.data();
   ref.block_table = f_bt.as<int32_t>();
   ref.seq_lens = d_lens.as<int32_t>();
-  MLADCP_RETURN_IF_ERROR(f_ws.alloc(single->workspace_bytes(ref)));
+  MLADCP_RETURN_IF_ERROR(f_ws.allocate(single->workspace_bytes(ref)));
   ExecContext rctx;
   rctx.stream = stream;
   rctx.workspace = f_ws.data();
@@ -501,8 +467,8 @@ Status run_check(NcclCommunicator& comm, const CheckCase& c, CheckResult* result
   MLADCP_RETURN_IF_ERROR(single->decode(ref, rctx));
   DCP_GPU_CUDA(cudaStreamSynchronize(stream));
   std::vector<float> ref_out(size_t(T) * H * kLatentDim), ref_lse(size_t(T) * H);
-  MLADCP_RETURN_IF_ERROR(f_out.download(ref_out.data(), ref_out.size() * sizeof(float)));
-  MLADCP_RETURN_IF_ERROR(f_lse.download(ref_lse.data(), ref_lse.size() * sizeof(float)));
+  MLADCP_RETURN_IF_ERROR(download(f_out, ref_out.data(), ref_out.size() * sizeof(float)));
+  MLADCP_RETURN_IF_ERROR(download(f_lse, ref_lse.data(), ref_lse.size() * sizeof(float)));
 
   // This rank's heads of the reference.
   std::vector<float> want_out(out_elems), want_lse(size_t(T) * Hl);
@@ -561,8 +527,8 @@ Status run_timing(NcclCommunicator& comm, const TimingCase& c, TimingResult* res
   result->kv_bytes_allocated = num_blocks * c.block_size * token_bytes;
   result->rotation_copies = copies;
 
-  DevBuf d_kv, d_bt, d_lens, d_q, d_out, d_ws;
-  MLADCP_RETURN_IF_ERROR(d_kv.alloc(result->kv_bytes_allocated));
+  DeviceBuffer d_kv, d_bt, d_lens, d_q, d_out, d_ws;
+  MLADCP_RETURN_IF_ERROR(d_kv.allocate(result->kv_bytes_allocated));
   {
     // Random values: a 64 MiB tile uploaded once and replicated on the device.
     const size_t total = d_kv.size();
@@ -577,12 +543,12 @@ Status run_timing(NcclCommunicator& comm, const TimingCase& c, TimingResult* res
   std::iota(ids.begin(), ids.end(), 0);
   std::mt19937_64 shuffle(c.seed * 31 + size_t(r));
   std::shuffle(ids.begin(), ids.end(), shuffle);
-  MLADCP_RETURN_IF_ERROR(d_bt.upload(ids.data(), ids.size() * sizeof(int32_t)));
+  MLADCP_RETURN_IF_ERROR(upload(d_bt, ids.data(), ids.size() * sizeof(int32_t)));
   const std::vector<int32_t> lens(B, c.context);
-  MLADCP_RETURN_IF_ERROR(d_lens.upload(lens.data(), lens.size() * sizeof(int32_t)));
+  MLADCP_RETURN_IF_ERROR(upload(d_lens, lens.data(), lens.size() * sizeof(int32_t)));
   const std::vector<uint8_t> q = random_values(size_t(T) * Hl * kQkDim, DType::kBF16, c.seed * 104729 + size_t(r));
-  MLADCP_RETURN_IF_ERROR(d_q.upload(q.data(), q.size()));
-  MLADCP_RETURN_IF_ERROR(d_out.alloc(size_t(T) * Hl * kLatentDim * sizeof(uint16_t)));
+  MLADCP_RETURN_IF_ERROR(upload(d_q, q.data(), q.size()));
+  MLADCP_RETURN_IF_ERROR(d_out.allocate(size_t(T) * Hl * kLatentDim * sizeof(uint16_t)));
 
   PhaseRecorder rec;
   MLADCP_RETURN_IF_ERROR(rec.init());
@@ -620,7 +586,7 @@ Status run_timing(NcclCommunicator& comm, const TimingCase& c, TimingResult* res
     p.out_dtype = DType::kBF16;
     p.split_policy = c.split_policy;
   }
-  MLADCP_RETURN_IF_ERROR(d_ws.alloc(decoder->workspace_bytes(params[0])));
+  MLADCP_RETURN_IF_ERROR(d_ws.allocate(decoder->workspace_bytes(params[0])));
   ExecContext ctx;
   ctx.stream = stream;
   ctx.workspace = d_ws.data();
