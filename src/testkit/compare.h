@@ -178,6 +178,14 @@ inline Comparison compare(const float* got, const float* want, size_t count, con
   for (size_t i = 0; i < count; ++i)
     if (std::isfinite(want[i])) c.scale = std::max(c.scale, double(std::fabs(want[i])));
   bool worst_is_mismatch = false;
+  // The first never-written or wrongly non-finite element is reported as the worst one.
+  const auto note_mismatch = [&](size_t i, float g, float w) {
+    if (worst_is_mismatch) return;
+    c.worst = i;
+    c.worst_got = g;
+    c.worst_want = w;
+    worst_is_mismatch = true;
+  };
   size_t first_nan_want = count;
   if (count > 0) {
     c.worst_got = got[0];
@@ -193,24 +201,14 @@ inline Comparison compare(const float* got, const float* want, size_t count, con
     if (is_sentinel(g)) {
       ++c.unwritten;
       ++c.bad;
-      if (!worst_is_mismatch) {
-        c.worst = i;
-        c.worst_got = g;
-        c.worst_want = w;
-        worst_is_mismatch = true;
-      }
+      note_mismatch(i, g, w);
       continue;
     }
     if (!std::isfinite(w) || !std::isfinite(g)) {
       if (g == w) continue;  // the same infinity
       ++c.non_finite;
       ++c.bad;
-      if (!worst_is_mismatch) {
-        c.worst = i;
-        c.worst_got = g;
-        c.worst_want = w;
-        worst_is_mismatch = true;
-      }
+      note_mismatch(i, g, w);
       continue;
     }
     const double err = std::fabs(double(g) - double(w));
