@@ -197,12 +197,7 @@ const char* fabric_name(Fabric f) { return f == Fabric::kNvlink ? "nvlink" : "in
 Status parse_calibration(const std::string& json_text, const std::string& origin, Calibration* out) {
   if (out == nullptr) return Status::InvalidArgument("parse_calibration: out is null");
   json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    return Status::InvalidArgument(origin + ": not valid JSON: " + e.what());
-  }
-  if (!root.is_object()) return Status::InvalidArgument(origin + ": expected a JSON object at the top level");
+  MLADCP_RETURN_IF_ERROR(detail::parse_object(json_text, origin, &root));
   Calibration cal;
   MLADCP_RETURN_IF_ERROR(parse_root(Fields(root, origin, ""), &cal));
   *out = std::move(cal);

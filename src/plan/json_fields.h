@@ -9,6 +9,17 @@
 
 namespace mladcp::plan::detail {
 
+// Parses `text` into `root`, which must be a JSON object; errors name `origin`.
+inline Status parse_object(const std::string& text, const std::string& origin, nlohmann::json* root) {
+  try {
+    *root = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    return Status::InvalidArgument(origin + ": not valid JSON: " + e.what());
+  }
+  if (!root->is_object()) return Status::InvalidArgument(origin + ": expected a JSON object at the top level");
+  return Status::Ok();
+}
+
 class Fields {
  public:
   Fields(const nlohmann::json& j, std::string origin, std::string path)

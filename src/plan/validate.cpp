@@ -34,12 +34,7 @@ bool same_point(const KernelPoint& p, const KernelQuery& q) {
 Status parse_measured_rows(const std::string& json_text, const std::string& origin, std::vector<MeasuredRow>* out) {
   if (out == nullptr) return Status::InvalidArgument("parse_measured_rows: out is null");
   json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    return Status::InvalidArgument(origin + ": not valid JSON: " + e.what());
-  }
-  if (!root.is_object()) return Status::InvalidArgument(origin + ": expected a JSON object at the top level");
+  MLADCP_RETURN_IF_ERROR(detail::parse_object(json_text, origin, &root));
   const Fields f(root, origin, "");
   std::string format;
   MLADCP_RETURN_IF_ERROR(f.string("format", &format));
