@@ -2,7 +2,8 @@
 """One table from the RESULT lines of the peer harness and of mladcp_peer_bench (same configs.txt).
 
 Usage: peer_table.py RESULTS_FILE... [--md OUT.md]
-Lines read: RESULT <who> h b s_q ctx variant median_us GB/s TFLOP/s (who: flashmla, mladcp, mladcp-<policy>).
+Lines read: RESULT <who> h b s_q ctx variant median_us GB/s TFLOP/s (who: flashmla, mladcp, mladcp-<policy>,
+mladcp-var-<name>: a compile-time variant of the kernel, shown as its own column against the default).
 Prints, per configuration: FlashMLA µs, mladcp µs (default policy), ratio mladcp/FlashMLA (< 1: mladcp faster),
 mladcp TFLOP/s and GB/s, the other policies' µs and the default's excess over the best policy; then the geomean
 ratio of each configuration set.
@@ -41,9 +42,13 @@ def main():
                         sets.setdefault((int(p[1]), int(p[2]), int(p[3]), int(p[4]), p[5]), p[0])
         except OSError:
             pass
-    policies = sorted({w for r in res.values() for w in r if w.startswith("mladcp-") and w != "mladcp-nolse"})
+    names = {w for r in res.values() for w in r}
+    policies = sorted(w for w in names if w.startswith("mladcp-") and w != "mladcp-nolse" and
+                      not w.startswith("mladcp-var-"))
+    kernel_variants = sorted(w for w in names if w.startswith("mladcp-var-"))  # compile-time kernel variants
     head = ["set", "h", "b", "s_q", "ctx", "variant", "FlashMLA µs", "mladcp µs", "ratio", "mladcp TFLOP/s",
             "mladcp GB/s"] + [f"{p[7:]} µs" for p in policies] + ["default vs best", "no-LSE µs"]
+    head += [f"{v[11:]} µs (÷ default)" for v in kernel_variants]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ratios = {}
     for key in order:
@@ -61,6 +66,7 @@ def main():
                f"{ratio:.2f}" if f else "-", f"{tf:.1f}", f"{gbs:.0f}"]
         row += [f"{r[p][0]:.1f}" if p in r else "-" for p in policies]
         row += [f"{(us / best - 1) * 100:+.1f}%", f"{r['mladcp-nolse'][0]:.1f}" if "mladcp-nolse" in r else "-"]
+        row += [f"{r[v][0]:.1f} ({r[v][0] / us:.3f})" if v in r else "-" for v in kernel_variants]
         lines.append("| " + " | ".join(row) + " |")
     for s, v in sorted(ratios.items()):
         g = math.exp(sum(math.log(x) for x in v) / len(v))

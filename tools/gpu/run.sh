@@ -6,7 +6,8 @@
 #   here, once:          tools/gpu/prepare_deps.sh          (third-party sources into .deps/, git-ignored)
 #   on the GPU machine:  tools/gpu/run.sh [stage...]        stages: build test bench sanitize (default: all),
 #                                                           peers (FlashMLA side by side, see below),
-#                                                           profile (Nsight Compute on three configurations)
+#                                                           profile (Nsight Compute on three configurations),
+#                                                           variants (compile-time variants of the Hopper kernel)
 #
 # peers: FlashMLA, a measuring instrument kept outside the project, side by side in the same call. Here:
 #   cp -a ../shared/peers .peers && echo /.peers/ >> .git/info/exclude     (then carry ".peers")
@@ -22,6 +23,7 @@
 #   MLADCP_GPU_BUDGET_S      seconds the whole script may take (default 540); later stages get what is left
 #   MLADCP_PEERS_MLADCP_ONLY=1  peers stage without FlashMLA (iterations; a recorded ratio needs both)
 #   MLADCP_GPU_PROFILE_CONFIGS  profile stage configurations (H,B,CTX,QLEN,KV ...)
+#   MLADCP_GPU_VARIANTS      variants stage: "NAME=-DMACRO=V[,-DMACRO2=V2] ..." (Hopper kernel rebuilt per variant)
 #   MLADCP_GPU_NCCL=ON       build the NCCL communicator too (the Python module's DcpDecoder tests use it)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -162,6 +164,31 @@ if want peers; then
   python3 tools/gpu/peer_table.py "$out/peers.log" --md "$root/build/peers.md"
 fi
 
+if want variants; then
+  # Compile-time variants of the Hopper kernel against the build above, in the same call: for each
+  # "NAME=-DMACRO=V[,-DMACRO2=V2]" of MLADCP_GPU_VARIANTS, only the kernel's object is recompiled with those
+  # definitions and mladcp_peer_bench relinked (the commands ninja would run), then timed on the peers'
+  # configurations (default policy) as "mladcp-var-NAME"; the peers table is printed again with them.
+  cmds="$(ninja -C "$build" -t commands mladcp_peer_bench)"
+  compile="$(grep 'sm90_decode_kernel.cu.o' <<<"$cmds" | grep -- ' -c ' | head -n1)"
+  archive="$(grep 'ar qc src/cuda/libmladcp_cuda.a' <<<"$cmds" | head -n1)"
+  link="$(grep -- '-o bench/gpu/mladcp_peer_bench' <<<"$cmds" | head -n1)"
+  touch "$out/peers.log"
+  for spec in ${MLADCP_GPU_VARIANTS:-}; do
+    name="${spec%%=*}" defs="${spec#*=}"
+    if (cd "$build" && eval "${compile/ -c / ${defs//,/ } -c }" && eval "$archive" && eval "$link") >>"$out/build.log" 2>&1; then
+      for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
+        timeout "$(cap 200 10)" "$build/bench/gpu/mladcp_peer_bench" --configs "$cfgs" --policies default 2>&1 |
+          sed "s/^RESULT mladcp /RESULT mladcp-var-$name /" >>"$out/peers.log"
+      done
+      note "variant $name ($defs): timed"
+    else
+      note "variant $name ($defs): build FAILED (see build.log)"
+    fi
+  done
+  python3 tools/gpu/peer_table.py "$out/peers.log" --md "$root/build/peers.md"
+fi
+
 if want sanitize; then
   : >"$out/sanitizer.log"
   for tool in memcheck racecheck initcheck synccheck; do
@@ -197,7 +224,7 @@ fi
   echo
   printf -- '- %s\n' "${status[@]}"
   echo
-  [ -f "$root/build/peers.md" ] && want peers && cat "$root/build/peers.md"
+  [ -f "$root/build/peers.md" ] && { want peers || want variants; } && cat "$root/build/peers.md"
   [ -f "$root/build/bench.md" ] && want bench && cat "$root/build/bench.md"
 } >"$out/summary.md"
 cat "$out/summary.md"
