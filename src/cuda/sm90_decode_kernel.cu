@@ -530,7 +530,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
   if (tid == 0) {
     for (int i = 0; i < 2 * kSubTiles; ++i) mbar_init(bar_addr(full, i), 1);
-    for (int i = 0; i < 4; ++i) mbar_init(bar_addr(empty, i), 8);  // one arrival per consumer warp
+    // One arrival per warp that reads the half: stage 0's columns 0-3 only warpgroup 0 (its products), stage 1's
+    // columns 4-8 only warpgroup 1; the other two halves both. (A warpgroup that arrived on a half it never
+    // reads could arrive for the next pair before the reader has for this one, completing the phase early.)
+    for (int i = 0; i < 4; ++i) mbar_init(bar_addr(empty, i), i == 0 || i == 3 ? 4 : 8);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -609,8 +612,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool more = i + 1 < w.npairs;
       float* const red_m = red + 128 * (i & 1);  // m_a and m_b of this pair: slots of its parity
       float mx[2], m_a[2], alpha[2], beta[2];
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: this warpgroup never reads them
       // m_a = max(m, rowmax S_a); P_a = 2^(S_a − m_a); O_L = O_L·2^(m − m_a) + P_a·V_a,L (P_a from registers).
       mask_scores(s, mx, ok, w.k_begin + 2 * i * kTile, st, scale, lane);
 #pragma unroll
@@ -678,10 +679,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(s);
       fence_regs(o);
       __syncwarp();
-      if (lane == 0) {  // stage 0's columns 0-3 are never read here; stage 1's only by the scores
-        mbar_arrive(bar_addr(empty, 0));
-        mbar_arrive(bar_addr(empty, 2));
-      }
+      if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1's columns 0-3 are read here only by the scores
       mask_scores(s, mx, ok + 1, w.k_begin + (2 * i + 1) * kTile, st, scale, lane);
       // P_a and m_a from warpgroup 0: O_R = O_R·2^(m − m_a) + P_a·V_a,R, issued before this softmax.
       named_bar_sync(kBarPa, kConsumerThreads);
