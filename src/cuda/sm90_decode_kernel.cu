@@ -52,9 +52,6 @@ constexpr int kTileBytes = 9 * kBlockBytes;  // 73728: 64 rows × 576 bf16
 // The CTA starts with 168 registers per thread (launch bounds); the consumers can only take what the producer
 // gives back: 128 · (168 − 40) = 256 · (232 − 168). (More for the producer and setmaxnreg.inc never returns.)
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-#ifndef MLADCP_SM90_L2_PREFETCH  // 1: the producer prefetches the next pair's keys into L2 (experiment switch)
-#define MLADCP_SM90_L2_PREFETCH 0
-#endif
 
 // Shared-memory layout (byte offsets).
 struct Smem {
@@ -134,19 +131,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
-// Whether the phase of parity `parity` has completed; the thread may sleep up to about `hint_ns` first.
-__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity, uint32_t hint_ns) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity), "r"(hint_ns)
-      : "memory");
-  return done != 0;
-}
-
 // One box of the paged cache (64 dims × rows keys of one page) into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int dim, int row,
                                             int block, uint64_t policy) {
@@ -155,13 +139,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(dim), "r"(row), "r"(block), "r"(bar), "l"(policy)
       : "memory");
-}
-// The same box into L2 only (no shared memory, no barrier).
-__device__ __forceinline__ void tma_prefetch_l2_3d(const CUtensorMap* map, int dim, int row, int block) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(dim), "r"(row), "r"(block)
-               : "memory");
 }
 
 __device__ __forceinline__ void wgmma_qk_m64n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
@@ -227,30 +204,26 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32
 #undef MLADCP_O128_REGS
 
 // S = Q·Kᵀ over the 64 keys of a stage (36 k-steps of 16 dims; the first overwrites S), one commit group
-// per 64-dim column block, each issued once its copy (`full`, phase parity `parity`) has landed, in column
-// order. The mbarrier waits sit between commit groups, never inside one (a wait loop inside a group makes
-// ptxas serialize every wgmma of the kernel), and nothing touches S until the caller's wgmma_wait.
-// kRelease: the caller's one product issued before these scores is waited for after the first
-// group, and each warp then arrives on `release` (the stage half that product read).
-template <bool kRelease>
+// per 64-dim column block, each issued once its copy (`full`, phase parity `parity`) has landed. The
+// blocks go in the order the ring refills them: warpgroup 0 from block 0 (its stage's columns 0-3 are
+// released first), warpgroup 1 from block 4. The mbarrier waits sit between commit groups, never
+// inside one (a wait loop inside a group makes ptxas serialize every wgmma of the kernel), and nothing
+// touches S until the caller's wgmma_wait.
+template <int kFirstBlock>
 __device__ __forceinline__ void issue_scores(float (&s)[32], uint32_t q_lo, uint32_t k_lo, uint32_t full,
-                                             uint32_t parity, uint32_t release, int lane) {
+                                             uint32_t parity) {
   fence_regs(s);
 #pragma unroll
-  for (int c = 0; c < kSubTiles; ++c) {
+  for (int j = 0; j < kSubTiles; ++j) {
+    const int c = (kFirstBlock + j) % kSubTiles;
     mbar_wait(full + 8 * c, parity);
     wgmma_fence();
 #pragma unroll
     for (int k4 = 0; k4 < 4; ++k4) {
       const uint32_t koff = uint32_t((c * kBlockBytes + k4 * 32) >> 4);
-      wgmma_qk_m64n64(s, desc(q_lo + koff), desc(k_lo + koff), c > 0 || k4 > 0);
+      wgmma_qk_m64n64(s, desc(q_lo + koff), desc(k_lo + koff), j > 0 || k4 > 0);
     }
     wgmma_commit();
-    if (kRelease && c == 0) {
-      wgmma_wait<1>();
-      __syncwarp();
-      if (lane == 0) mbar_arrive(release);
-    }
   }
 }
 // O += P·V with P in registers (p[4·ks .. 4·ks + 3]: keys 16·ks .. 16·ks + 15).
@@ -292,9 +265,9 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alph
   }
 }
 
-// Named barriers (0 is __syncthreads): hand-overs between the consumer warpgroups (P_a with m_a, P_b with
-// m_b; one arrives, the other syncs, 256 threads), one warpgroup among itself, both consumers.
-constexpr int kBarPa = 1, kBarPb = 2, kBarOwn = 3 /* + wg */, kBarConsumers = 5;
+// Named barriers (0 is __syncthreads). Producer warpgroup arrives, consumer warpgroup syncs (256 threads),
+// or one warpgroup / both consumers among themselves.
+constexpr int kBarMa = 1, kBarMb = 2, kBarPa = 3, kBarPb = 4, kBarOwn = 5 /* + wg */, kBarConsumers = 7;
 
 // Everything a consumer warpgroup needs about its CTA.
 struct CtaWork {
@@ -340,7 +313,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2], cons
   }
 }
 
-// 2^(s·scale − m): row sums (fp32) added to l, bf16 A fragments into p (s is overwritten).
+// s ← 2^(s·scale − m) (fp32, kept), row sums added to l, bf16 A fragments into p.
 __device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&p)[16], const float (&m)[2], float scale,
                                              float (&l)[2]) {
   float neg_m[2];
@@ -366,16 +339,17 @@ __device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&p)[16], 
   }
 }
 
-// P (bf16, the A fragments of `exponentiate`: p[2j + e] holds row rs[e], keys 8j + 2·(lane % 4) and the
-// next) → a [64 rows][64 keys] K-major swizzled tile.
-__device__ __forceinline__ void store_p(uint8_t* dst, const uint32_t (&p)[16], const RowState& st, int lane) {
+// P·scale (bf16) → a [64 rows][64 keys] K-major swizzled tile (the rope column block of a stage).
+__device__ __forceinline__ void store_p(uint8_t* dst, const float (&s)[32], const float (&scale)[2], const RowState& st,
+                                        int lane) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int tt = 8 * j + 2 * (lane & 3);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int r = st.rs[e];
-      *reinterpret_cast<uint32_t*>(dst + r * 128 + (((tt >> 3) ^ (r & 7)) << 4) + (tt & 7) * 2) = p[2 * j + e];
+      *reinterpret_cast<uint32_t*>(dst + r * 128 + (((tt >> 3) ^ (r & 7)) << 4) + (tt & 7) * 2) =
+          pack_bf16(s[4 * j + 2 * e] * scale[e], s[4 * j + 2 * e + 1] * scale[e]);
     }
   }
 }
@@ -459,11 +433,10 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
                       policy);
     }
   };
-  // Pairs of tiles (a in stage 0, b in stage 1). Each of the four stage halves (h = 0: a's columns 0-3,
-  // 1: a's 4-8, 2: b's 0-3, 3: b's 4-8; `empty` barrier h) is refilled as soon as both consumers have
-  // released it in the pair before, in whatever order the releases come (polled, the thread asleep in
-  // between); a stage's key-presence bits go with its first refilled half (both halves of a stage are
-  // released only after the consumers' masks read the bits).
+  // Pairs of tiles (a in stage 0, b in stage 1). The four halves of a pair's stages are refilled in the
+  // order the consumers release them in the previous pair: a's columns 0-3 (after warpgroup 0's P_a·V_a,L),
+  // b's columns 4-8 (after warpgroup 1's P_b·V_b,R), a's columns 4-8 (after P_a·V_a,R, which waits for m_b),
+  // b's columns 0-3 (after P_b·V_b,L, last).
   TilePages next_a = fetch_pages(p, bt_row, w.k_begin, w.k_end, rows, copies);
   TilePages next_b = fetch_pages(p, bt_row, w.k_begin + kTile, w.k_end, rows, copies);
   for (int i = 0; i < w.npairs; ++i) {
@@ -473,35 +446,16 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
     next_b = fetch_pages(p, bt_row, kt + 3 * kTile, w.k_end, rows, copies);
     const uint32_t prev = uint32_t(i - 1) & 1;  // phase of the previous pair's releases
     // A block id of -1 is out of the tensor map's range: the copy engine fills zeros (and counts the bytes).
-    uint32_t todo = 0xF;
-    while (todo != 0) {
-#pragma unroll 1
-      for (int h = 0; h < 4; ++h) {
-        if (!((todo >> h) & 1) || (i > 0 && !mbar_try(bar_addr(empty, h), prev, 200))) continue;
-        const int c0 = (h & 1) ? 4 : 0, c1 = (h & 1) ? kSubTiles : 4;
-        if (h < 2) {  // (two calls, not a reference to either tile: the pages stay in registers)
-          if ((todo & 3) == 3) ok[0] = present_bits(ta, kt, w.k_end, rows, copies);
-          copy_blocks(ta, 0, c0, c1);
-        } else {
-          if ((todo & 12) == 12) ok[1] = present_bits(tb, kt + kTile, w.k_end, rows, copies);
-          copy_blocks(tb, 1, c0, c1);
-        }
-        todo &= ~(1u << h);
-      }
-    }
-#if MLADCP_SM90_L2_PREFETCH
-    // The next pair's keys into L2 now, so that its copies (issued when this pair releases the ring) wait
-    // for L2, not for device memory.
-    auto prefetch = [&](const TilePages& tp) {
-#pragma unroll 1
-      for (int c = 0; c < kSubTiles; ++c)
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          if (q < copies && tp.blk[q] >= 0) tma_prefetch_l2_3d(map, c * 64, tp.row[q], tp.blk[q]);
-    };
-    prefetch(next_a);
-    prefetch(next_b);
-#endif
+    if (i > 0) mbar_wait(bar_addr(empty, 0), prev);
+    ok[0] = present_bits(ta, kt, w.k_end, rows, copies);
+    copy_blocks(ta, 0, 0, 4);
+    if (i > 0) mbar_wait(bar_addr(empty, 3), prev);
+    copy_blocks(tb, 1, 4, kSubTiles);
+    if (i > 0) mbar_wait(bar_addr(empty, 1), prev);
+    copy_blocks(ta, 0, 4, kSubTiles);
+    if (i > 0) mbar_wait(bar_addr(empty, 2), prev);
+    ok[1] = present_bits(tb, kt + kTile, w.k_end, rows, copies);
+    copy_blocks(tb, 1, 0, 4);
   }
 }
 
@@ -532,10 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
   if (tid == 0) {
     for (int i = 0; i < 2 * kSubTiles; ++i) mbar_init(bar_addr(full, i), 1);
-    // One arrival per warp that reads the half: stage 0's columns 0-3 only warpgroup 0 (its products), stage 1's
-    // columns 4-8 only warpgroup 1; the other two halves both. (A warpgroup that arrived on a half it never
-    // reads could arrive for the next pair before the reader has for this one, completing the phase early.)
-    for (int i = 0; i < 4; ++i) mbar_init(bar_addr(empty, i), i == 0 || i == 3 ? 4 : 8);
+    for (int i = 0; i < 4; ++i) mbar_init(bar_addr(empty, i), 8);  // one arrival per consumer warp
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -606,15 +557,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // ---- warpgroup 0: tiles a (stage 0), columns [0, 256) ----
     if (w.npairs > 0) {  // scores of the first tile a
-      issue_scores<false>(s, q_lo, k_lo0, full, 0, 0, lane);
+      issue_scores<0>(s, q_lo, k_lo0, full, 0);
       wgmma_wait<0>();
       fence_regs(s);
     }
     for (int i = 0; i < w.npairs; ++i) {
       const bool more = i + 1 < w.npairs;
-      float* const red_m = red + 128 * (i & 1);  // m_a and m_b of this pair: slots of its parity
-      float mx[2], m_a[2], alpha[2], beta[2];
-      // m_a = max(m, rowmax S_a); P_a = 2^(S_a − m_a); O_L = O_L·2^(m − m_a) + P_a·V_a,L (P_a from registers).
+      const uint32_t par = uint32_t(i) & 1;
+      float* const red_m = red + 128 * par;  // m_a and m_b of this pair: slots of its parity
+      float mx[2], m_a[2], alpha[2], m_b[2], beta[2];
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: this warpgroup never reads them
+      // m_a = max(m, rowmax S_a), published at once: warpgroup 1 holds S_b already and needs only m_a.
       mask_scores(s, mx, ok, w.k_begin + 2 * i * kTile, st, scale, lane);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -622,6 +576,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         alpha[e] = rescale_factor(st.m[e], m_a[e]);
         st.l[e] *= alpha[e];
       }
+      if ((lane & 3) == 0) {
+        red_m[st.rs[0]] = m_a[0];
+        red_m[st.rs[1]] = m_a[1];
+      }
+      named_bar_arrive(kBarMa, kConsumerThreads);
+      // P_a = 2^(S_a − m_a); O_L = O_L·2^(m − m_a) + P_a·V_a,L (P_a from registers).
       exponentiate(s, pr, m_a, scale, st.l);
       if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 0, wg, tid_in_wg);
       if (i > 0) rescale_rows(o, alpha);
@@ -630,103 +590,105 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(pr);
       issue_pv_regs(o, pr, v_lo0, i > 0);
       wgmma_commit();
-      // P_a at m_a over the rope block of stage 0, and m_a, for warpgroup 1, which multiplies it at once.
-      if ((lane & 3) == 0) {
-        red_m[st.rs[0]] = m_a[0];
-        red_m[st.rs[1]] = m_a[1];
+      // m_b from warpgroup 1; P_a·2^(m_a − m_b) over the rope block of stage 0 for warpgroup 1.
+      named_bar_sync(kBarMb, kConsumerThreads);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        m_b[e] = red_m[64 + st.rs[e]];
+        beta[e] = rescale_factor(m_a[e], m_b[e]);
+        st.l[e] *= beta[e];
+        st.m[e] = m_b[e];
       }
-      store_p(kv_s + 8 * kBlockBytes, pr, st, lane);
+      store_p(kv_s + 8 * kBlockBytes, s, beta, st, lane);
       fence_proxy_async();
       named_bar_arrive(kBarPa, kConsumerThreads);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: this warpgroup is done with them
-      // m_b and P_b (at m_b) from warpgroup 1; O_L ·= 2^(m_a − m_b) once P_a·V_a,L has retired.
-      named_bar_sync(kBarPb, kConsumerThreads);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float m_b = red_m[64 + st.rs[e]];
-        beta[e] = rescale_factor(m_a[e], m_b);
-        st.l[e] *= beta[e];
-        st.m[e] = m_b;
-      }
+      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: only warpgroup 1 reads them now
       wgmma_wait<0>();
       fence_regs(o);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_addr(empty, 0));  // stage 0, columns 0-3: P_a·V_a,L retired
+      // O_L ·= 2^(m_a − m_b), O_L += P_b·V_b,L (P_b from its own buffer, at m_b).
       rescale_rows(o, beta);
+      named_bar_sync(kBarPb, kConsumerThreads);
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 0, wg, tid_in_wg);
       wgmma_fence();
       fence_regs(o);
-      issue_pv_smem(o, pb_lo, v_lo0 + kStage, true);  // O_L += P_b·V_b,L
+      issue_pv_smem(o, pb_lo, v_lo0 + kStage, true);
       wgmma_commit();
-      if (more) {  // scores of the next tile a right behind it; stage 1's columns 0-3 released once it retires
-        issue_scores<true>(s, q_lo, k_lo0, full, uint32_t(i + 1) & 1, bar_addr(empty, 2), lane);
+      wgmma_wait<0>();
+      fence_regs(o);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
+      if (more) {                                      // scores of the next tile a, for the next pair
+        issue_scores<0>(s, q_lo, k_lo0, full, par ^ 1);
         wgmma_wait<0>();
         fence_regs(s);
-      } else {
-        wgmma_wait<0>();
-        fence_regs(o);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_addr(empty, 2));
       }
     }
   } else {
     // ---- warpgroup 1: tiles b (stage 1), columns [256, 512) ----
-    if (w.npairs > 0) issue_scores<false>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), 0, 0, lane);
+    if (w.npairs > 0) {  // scores of the first tile b
+      issue_scores<4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), 0);
+      wgmma_wait<0>();
+      fence_regs(s);
+    }
     for (int i = 0; i < w.npairs; ++i) {
       const bool more = i + 1 < w.npairs;
-      float* const red_m = red + 128 * (i & 1);
-      float mx[2], m_b[2], alpha[2], beta[2];
-      wgmma_wait<0>();  // S_b (and the previous pair's products)
-      fence_regs(s);
-      fence_regs(o);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1's columns 0-3 are read here only by the scores
+      const uint32_t par = uint32_t(i) & 1;
+      float* const red_m = red + 128 * par;
+      float mx[2], m_a[2], alpha[2], m_b[2], one[2] = {1.0f, 1.0f};
+      // m_b = max(m_a, rowmax S_b), published; O_R's scale moves once per pair, from m to m_b.
       mask_scores(s, mx, ok + 1, w.k_begin + (2 * i + 1) * kTile, st, scale, lane);
-      // P_a and m_a from warpgroup 0: O_R = O_R·2^(m − m_a) + P_a·V_a,R, issued before this softmax.
-      named_bar_sync(kBarPa, kConsumerThreads);
+      __syncwarp();
+      if (lane == 0) {  // columns 0-3 of both stages: this warpgroup reads them no more in this pair
+        mbar_arrive(bar_addr(empty, 0));
+        mbar_arrive(bar_addr(empty, 2));
+      }
+      named_bar_sync(kBarMa, kConsumerThreads);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float m_a = red_m[st.rs[e]];
-        alpha[e] = rescale_factor(st.m[e], m_a);
-        m_b[e] = fmaxf(m_a, mx[e]);
-        beta[e] = rescale_factor(m_a, m_b[e]);
-        st.l[e] *= rescale_factor(st.m[e], m_b[e]);
+        m_a[e] = red_m[st.rs[e]];
+        m_b[e] = fmaxf(m_a[e], mx[e]);
+        alpha[e] = rescale_factor(st.m[e], m_b[e]);
+        st.l[e] *= alpha[e];
         st.m[e] = m_b[e];
       }
-      if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
-      if (i > 0) rescale_rows(o, alpha);
-      wgmma_fence();
-      fence_regs(o);
-      issue_pv_smem(o, p_lo0, v_lo0 + kHalf, i > 0);
-      wgmma_commit();
-      // m_b = max(m_a, rowmax S_b); P_b = 2^(S_b − m_b) for warpgroup 0 (its own buffer) and for O_R.
       if ((lane & 3) == 0) {
         red_m[64 + st.rs[0]] = m_b[0];
         red_m[64 + st.rs[1]] = m_b[1];
       }
+      named_bar_arrive(kBarMb, kConsumerThreads);
+      // P_b = 2^(S_b − m_b); O_R = O_R·2^(m − m_b) + P_b·V_b,R (registers); P_b for warpgroup 0.
       exponentiate(s, pr, m_b, scale, st.l);
-      store_p(smem + Smem::pb, pr, st, lane);
-      fence_proxy_async();
-      named_bar_arrive(kBarPb, kConsumerThreads);
       if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 4, wg, tid_in_wg);
-      // O_R ·= 2^(m_a − m_b) once P_a·V_a,R has retired (stage 0's columns 4-8, P_a with them, released), then
-      // O_R += P_b·V_b,R from registers.
-      wgmma_wait<0>();
-      fence_regs(o);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 1));
-      rescale_rows(o, beta);
+      if (i > 0) rescale_rows(o, alpha);
       wgmma_fence();
       fence_regs(o);
       fence_regs(pr);
-      issue_pv_regs(o, pr, v_lo0 + kStage + kHalf, true);
+      issue_pv_regs(o, pr, v_lo0 + kStage + kHalf, i > 0);
       wgmma_commit();
+      store_p(smem + Smem::pb, s, one, st, lane);
+      fence_proxy_async();
+      named_bar_arrive(kBarPb, kConsumerThreads);
+      // O_R += P_a·V_a,R once warpgroup 0 has stored P_a at m_b.
+      named_bar_sync(kBarPa, kConsumerThreads);
+      if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
+      wgmma_fence();
+      issue_pv_smem(o, p_lo0, v_lo0 + kHalf, true);
+      wgmma_commit();
+      wgmma_wait<1>();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
       wgmma_wait<0>();
       fence_regs(o);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
-      if (more) issue_scores<false>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), uint32_t(i + 1) & 1, 0, lane);
+      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
+      if (more) {                                      // scores of the next tile b, for the next pair
+        issue_scores<4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1);
+        wgmma_wait<0>();
+        fence_regs(s);
+      }
     }
   }
   wgmma_wait<0>();
