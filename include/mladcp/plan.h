@@ -92,6 +92,9 @@ struct DeviceParams {
   double memory_gb = 0;         // HBM per GPU (decimal GB)
   int64_t base_split_keys = 0;  // keys per split of the batch-invariant plan (the kernel's unit of work)
   int rows_per_cta = 64;        // (token, head) rows one CTA takes; more rows run as row chunks
+  // Most rows per sequence that run the portable 16/32-row CTAs, two per SM (32; 16 where the Hopper
+  // kernel takes 17 rows and more). Optional in the file; 32 when absent.
+  int two_per_sm_max_rows = 32;
 };
 
 struct Calibration {
@@ -146,7 +149,8 @@ struct KernelGrid {
   int64_t split_keys = 0, splits = 0, ctas = 0, wave_ctas = 0;
   int64_t waves() const { return wave_ctas > 0 ? (ctas + wave_ctas - 1) / wave_ctas : 0; }
 };
-KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t batch, int64_t keys);
+KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t batch, int64_t keys,
+                       DType kv_dtype = DType::kBF16);
 
 // Kernel: time = a + b · (batch · keys) / 1000 + c · max(0, 1 − CTAs / wave) + d · waves + e · depth,
 // with a and b fitted per (KV dtype, row class), c, d and e shared; CTAs and waves from kernel_grid (d:

@@ -119,16 +119,19 @@ struct KernelChoice {
   size_t smem = 0;  // dynamic shared memory per CTA
 };
 
-// The Hopper kernel takes bf16 calls with more than 32 query rows per sequence (H · q_len, packed 64
-// per CTA) whose pages its copies handle. Sequences of at most 32 rows are memory-bound: the portable
-// 16/32-row kernel, two CTAs per SM, keeps more bytes in flight there than the Hopper kernel's two
-// 64-key stages (measured: docs/perf/gpu-sm90-ws-2026-12-01.md). fp8 caches and other pages run the
-// portable kernel too.
+// The Hopper kernel takes bf16 calls with more than 16 query rows per sequence (H · q_len, packed 64
+// per CTA, 17-32 rows leave half of the CTA's rows empty) whose pages its copies handle. Sequences of at
+// most 16 rows are memory-bound: the portable 16-row kernel, two CTAs per SM, keeps more bytes in flight
+// there than the Hopper kernel's two 64-key stages (docs/perf/gpu-sm90-ws-2026-12-01.md); at 32 rows the
+// Hopper kernel with half its rows empty ran up to 1.3x faster than the portable 32-row kernel
+// (docs/perf/dcp-emulated-grid-2026-12-01.md). fp8 caches and other pages run the portable kernel.
+constexpr int kPortableMaxRowsOnHopper = 16;
+
 KernelChoice choose_kernel(const MlaDecodeParams& p, const DeviceState& dev, const CudaBackendOptions& opt) {
   KernelChoice k;
   const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
   k.sm90 = opt.hopper_kernel && !opt.single_stage && dev.sm90 && !fp8 && p.num_blocks >= 1 &&
-           cuda_plan::rows_per_cta(p.num_heads * p.q_len) == 64 && cuda_impl::sm90_decode_block_size_ok(p.block_size);
+           p.num_heads * p.q_len > kPortableMaxRowsOnHopper && cuda_impl::sm90_decode_block_size_ok(p.block_size);
   if (k.sm90) {
     k.rows_per_cta = 64;
     k.smem = cuda_impl::sm90_decode_smem_bytes();

@@ -13,11 +13,16 @@ namespace {
 
 int row_chunks(int rows, int rows_per_cta) { return std::max(1, (rows + rows_per_cta - 1) / rows_per_cta); }
 
-// Query rows of a decode rounded up to the CTA shapes of the kernel: 16, 32, or whole row chunks.
-int row_class(int rows, int rows_per_cta) {
-  if (rows <= 16 && rows_per_cta >= 16) return 16;
-  if (rows <= 32 && rows_per_cta >= 32) return 32;
-  return row_chunks(rows, rows_per_cta) * rows_per_cta;
+// Query rows of a decode rounded up to the CTA shapes of the kernel: 16, 32 (the portable two-per-SM CTAs,
+// up to two_per_sm_max_rows), or whole row chunks.
+// fp8 caches always run the portable kernel (32 rows two per SM).
+int small_rows_max(const DeviceParams& dev, DType kv_dtype) {
+  return kv_dtype == DType::kFP8E4M3 ? 32 : dev.two_per_sm_max_rows;
+}
+int row_class(int rows, const DeviceParams& dev, DType kv_dtype) {
+  if (rows <= 16 && dev.rows_per_cta >= 16 && small_rows_max(dev, kv_dtype) >= 16) return 16;
+  if (rows <= 32 && dev.rows_per_cta >= 32 && small_rows_max(dev, kv_dtype) >= 32) return 32;
+  return row_chunks(rows, dev.rows_per_cta) * dev.rows_per_cta;
 }
 
 struct KernelFeatures {
@@ -27,8 +32,8 @@ struct KernelFeatures {
   double depth = 0;      // splits each warp of the combine kernel merges in turn (8 warps), 0 without a combine
 };
 
-KernelFeatures features(const DeviceParams& dev, int heads, int q_len, int64_t batch, int64_t keys) {
-  const KernelGrid g = kernel_grid(dev, heads, q_len, batch, keys);
+KernelFeatures features(const DeviceParams& dev, int heads, int q_len, int64_t batch, int64_t keys, DType kv_dtype) {
+  const KernelGrid g = kernel_grid(dev, heads, q_len, batch, keys, kv_dtype);
   return {double(batch) * double(keys) / 1000.0, std::max(0.0, 1.0 - double(g.ctas) / double(g.wave_ctas)),
           double(g.waves()), g.splits > 1 ? double((g.splits + 7) / 8) : 0.0};
 }
@@ -103,9 +108,9 @@ const AlphaBeta& alpha_beta(const FabricParams& f, CollectiveOp op) {
 
 }  // namespace
 
-KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t batch, int64_t keys) {
+KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t batch, int64_t keys, DType kv_dtype) {
   const int rows = heads * q_len;
-  const bool small = rows <= 32 && dev.rows_per_cta >= 32;  // 16- or 32-row CTAs, two per SM
+  const bool small = rows <= small_rows_max(dev, kv_dtype) && dev.rows_per_cta >= 32;  // 16/32-row CTAs, two per SM
   KernelGrid g;
   g.wave_ctas = int64_t(std::max(1, dev.sms)) * (small ? 2 : 1);
   const int64_t base = std::max<int64_t>(1, batch) * (small ? 1 : row_chunks(rows, dev.rows_per_cta));
@@ -132,7 +137,7 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
   std::vector<int> class_of(cal.kernel.size());
   for (size_t i = 0; i < cal.kernel.size(); ++i) {
     const KernelPoint& p = cal.kernel[i];
-    const int rows = row_class(p.heads * p.q_len, dev.rows_per_cta);
+    const int rows = row_class(p.heads * p.q_len, dev, p.kv_dtype);
     auto it = std::find_if(classes.begin(), classes.end(),
                            [&](const KernelClass& c) { return c.kv_dtype == p.kv_dtype && c.rows == rows; });
     if (it == classes.end()) {
@@ -151,7 +156,8 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
     for (size_t i = 0; i < cal.kernel.size(); ++i) {
       if (class_of[i] != int(c)) continue;
       const double n =
-          features(dev, cal.kernel[i].heads, cal.kernel[i].q_len, cal.kernel[i].batch, cal.kernel[i].keys).kkeys;
+          features(dev, cal.kernel[i].heads, cal.kernel[i].q_len, cal.kernel[i].batch, cal.kernel[i].keys,
+                   cal.kernel[i].kv_dtype).kkeys;
       lo = std::min(lo, n), hi = std::max(hi, n);
     }
     if (hi > lo * 1.01) var_index[c] = nvar, nvar += 2;
@@ -159,7 +165,7 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
   bool any_underfill = false;
   for (size_t i = 0; i < cal.kernel.size(); ++i) {
     const KernelPoint& p = cal.kernel[i];
-    if (var_index[class_of[i]] >= 0 && features(dev, p.heads, p.q_len, p.batch, p.keys).underfill > 0.05) {
+    if (var_index[class_of[i]] >= 0 && features(dev, p.heads, p.q_len, p.batch, p.keys, p.kv_dtype).underfill > 0.05) {
       any_underfill = true;
     }
   }
@@ -167,7 +173,7 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
   bool any_multiwave = false;  // the wave cost needs points of one wave and of more
   for (size_t i = 0; i < cal.kernel.size(); ++i) {
     const KernelPoint& p = cal.kernel[i];
-    if (var_index[class_of[i]] >= 0 && features(dev, p.heads, p.q_len, p.batch, p.keys).waves > 1.5) {
+    if (var_index[class_of[i]] >= 0 && features(dev, p.heads, p.q_len, p.batch, p.keys, p.kv_dtype).waves > 1.5) {
       any_multiwave = true;
     }
   }
@@ -175,7 +181,7 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
   bool any_deep = false;  // the combine's cost needs points with several depths
   for (size_t i = 0; i < cal.kernel.size(); ++i) {
     const KernelPoint& p = cal.kernel[i];
-    if (var_index[class_of[i]] >= 0 && features(dev, p.heads, p.q_len, p.batch, p.keys).depth > 1.5) any_deep = true;
+    if (var_index[class_of[i]] >= 0 && features(dev, p.heads, p.q_len, p.batch, p.keys, p.kv_dtype).depth > 1.5) any_deep = true;
   }
   const int e_index = any_deep ? nvar++ : -1;
   std::vector<double> x(nvar, 0.0);
@@ -186,7 +192,7 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
       const int v = var_index[class_of[i]];
       if (v < 0) continue;
       const KernelPoint& p = cal.kernel[i];
-      const KernelFeatures f = features(dev, p.heads, p.q_len, p.batch, p.keys);
+      const KernelFeatures f = features(dev, p.heads, p.q_len, p.batch, p.keys, p.kv_dtype);
       std::vector<double> row(nvar, 0.0);
       row[v] = 1.0 / p.time_us;
       row[v + 1] = f.kkeys / p.time_us;
@@ -218,7 +224,7 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
     for (size_t i = 0; i < cal.kernel.size(); ++i) {
       if (class_of[i] != int(c)) continue;
       const KernelPoint& p = cal.kernel[i];
-      const KernelFeatures f = features(dev, p.heads, p.q_len, p.batch, p.keys);
+      const KernelFeatures f = features(dev, p.heads, p.q_len, p.batch, p.keys, p.kv_dtype);
       const double w = 1.0 / (p.time_us * p.time_us);
       num +=
           w * f.kkeys *
@@ -291,7 +297,7 @@ Status PerfModel::kernel_us(const KernelQuery& q, double* us) const {
   if (q.batch < 1) return Status::InvalidArgument("kernel query: batch must be >= 1, got " + std::to_string(q.batch));
   if (q.keys < 1) return Status::InvalidArgument("kernel query: keys must be >= 1, got " + std::to_string(q.keys));
   const DeviceParams& dev = cal_.device;
-  const int rows = row_class(q.heads * q.q_len, dev.rows_per_cta);
+  const int rows = row_class(q.heads * q.q_len, dev, q.kv_dtype);
   const KernelClass* ref = nullptr;
   for (const KernelClass& c : classes_) {
     if (c.kv_dtype != q.kv_dtype) continue;
@@ -315,7 +321,7 @@ Status PerfModel::kernel_us(const KernelQuery& q, double* us) const {
                                dtype_name(q.kv_dtype));
   }
   const double scale = double(row_chunks(rows, dev.rows_per_cta)) / double(row_chunks(ref->rows, dev.rows_per_cta));
-  const KernelFeatures f = features(dev, q.heads, q.q_len, q.batch, q.keys);
+  const KernelFeatures f = features(dev, q.heads, q.q_len, q.batch, q.keys, q.kv_dtype);
   *us = ref->a_us + ref->b_us_per_kkey * scale * f.kkeys + underfill_us_ * f.underfill + wave_us_ * f.waves +
         combine_step_us_ * f.depth;
   return Status::Ok();
