@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/decode_plan.h"
 #include "emulate_timing.h"
 #include "mladcp/plan.h"
 
@@ -300,8 +301,9 @@ int run_calibrate(const Args& a) {
   cal.device.name = dev.name;
   cal.device.sms = dev.multiprocessors;
   cal.device.memory_gb = double(dev.total_memory) / 1e9;
-  // The cuda backend runs sequences of 17-32 query rows on the Hopper kernel (cuda_backend.cpp).
-  cal.device.two_per_sm_max_rows = dev.compute_major == 9 && dev.compute_minor == 0 ? 16 : 32;
+  // The cuda backend runs sequences of more rows than this on the Hopper kernel (sm_90).
+  cal.device.two_per_sm_max_rows =
+      dev.compute_major == 9 && dev.compute_minor == 0 ? cuda_plan::kPortableMaxRowsOnHopper : 32;
   plan::PerfModel check;
   die(plan::PerfModel::create(cal, &check), "the measured calibration");
   std::ofstream(a.calibrate) << plan::calibration_to_json(cal);

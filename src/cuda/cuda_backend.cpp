@@ -125,13 +125,11 @@ struct KernelChoice {
 // there than the Hopper kernel's two 64-key stages (docs/perf/gpu-sm90-ws-2026-12-01.md); at 32 rows the
 // Hopper kernel with half its rows empty ran up to 1.3x faster than the portable 32-row kernel
 // (docs/perf/dcp-emulated-grid-2026-12-01.md). fp8 caches and other pages run the portable kernel.
-constexpr int kPortableMaxRowsOnHopper = 16;
-
 KernelChoice choose_kernel(const MlaDecodeParams& p, const DeviceState& dev, const CudaBackendOptions& opt) {
   KernelChoice k;
   const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
   k.sm90 = opt.hopper_kernel && !opt.single_stage && dev.sm90 && !fp8 && p.num_blocks >= 1 &&
-           p.num_heads * p.q_len > kPortableMaxRowsOnHopper && cuda_impl::sm90_decode_block_size_ok(p.block_size);
+           p.num_heads * p.q_len > cuda_plan::kPortableMaxRowsOnHopper && cuda_impl::sm90_decode_block_size_ok(p.block_size);
   if (k.sm90) {
     k.rows_per_cta = 64;
     k.smem = cuda_impl::sm90_decode_smem_bytes();

@@ -29,6 +29,10 @@ namespace mladcp::cuda_plan {
 
 inline constexpr int kTileTokens = 64;  // keys per pipeline stage
 
+// On Hopper (sm_90) the bf16 calls with more query rows per sequence than this run the Hopper kernel (64 rows
+// per CTA); the others the portable 16-row kernel, two CTAs per SM (cuda_backend.cpp, choose_kernel).
+inline constexpr int kPortableMaxRowsOnHopper = 16;
+
 // 16, 32 or 64 query rows per CTA.
 MLADCP_HD int rows_per_cta(int rows_per_seq) { return rows_per_seq <= 16 ? 16 : (rows_per_seq <= 32 ? 32 : 64); }
 
