@@ -13,12 +13,12 @@ namespace {
 
 int row_chunks(int rows, int rows_per_cta) { return std::max(1, (rows + rows_per_cta - 1) / rows_per_cta); }
 
-// Query rows of a decode rounded up to the CTA shapes of the kernel: 16, 32 (the portable two-per-SM CTAs,
-// up to two_per_sm_max_rows), or whole row chunks.
-// fp8 caches always run the portable kernel (32 rows two per SM).
+// Most rows per sequence on the portable two-per-SM CTAs: fp8 caches always run the portable kernel.
 int small_rows_max(const DeviceParams& dev, DType kv_dtype) {
   return kv_dtype == DType::kFP8E4M3 ? 32 : dev.two_per_sm_max_rows;
 }
+// Query rows of a decode rounded up to the CTA shapes of the kernel: 16, 32 (the portable two-per-SM CTAs,
+// up to small_rows_max), or whole row chunks.
 int row_class(int rows, const DeviceParams& dev, DType kv_dtype) {
   if (rows <= 16 && dev.rows_per_cta >= 16 && small_rows_max(dev, kv_dtype) >= 16) return 16;
   if (rows <= 32 && dev.rows_per_cta >= 32 && small_rows_max(dev, kv_dtype) >= 32) return 32;
