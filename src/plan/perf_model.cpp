@@ -155,9 +155,9 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
     double lo = std::numeric_limits<double>::infinity(), hi = 0;
     for (size_t i = 0; i < cal.kernel.size(); ++i) {
       if (class_of[i] != int(c)) continue;
-      const double n =
-          features(dev, cal.kernel[i].heads, cal.kernel[i].q_len, cal.kernel[i].batch, cal.kernel[i].keys,
-                   cal.kernel[i].kv_dtype).kkeys;
+      const double n = features(dev, cal.kernel[i].heads, cal.kernel[i].q_len, cal.kernel[i].batch, cal.kernel[i].keys,
+                                cal.kernel[i].kv_dtype)
+                           .kkeys;
       lo = std::min(lo, n), hi = std::max(hi, n);
     }
     if (hi > lo * 1.01) var_index[c] = nvar, nvar += 2;
@@ -181,7 +181,8 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
   bool any_deep = false;  // the combine's cost needs points with several depths
   for (size_t i = 0; i < cal.kernel.size(); ++i) {
     const KernelPoint& p = cal.kernel[i];
-    if (var_index[class_of[i]] >= 0 && features(dev, p.heads, p.q_len, p.batch, p.keys, p.kv_dtype).depth > 1.5) any_deep = true;
+    if (var_index[class_of[i]] >= 0 && features(dev, p.heads, p.q_len, p.batch, p.keys, p.kv_dtype).depth > 1.5)
+      any_deep = true;
   }
   const int e_index = any_deep ? nvar++ : -1;
   std::vector<double> x(nvar, 0.0);
