@@ -42,6 +42,11 @@
 namespace mladcp::cuda_impl {
 namespace {
 
+// Warpgroup 0 issues the first half of its next scores before the P_b product retires (docs/cuda.md).
+#ifndef MLADCP_SM90_SPLIT_SCORES
+#define MLADCP_SM90_SPLIT_SCORES 1
+#endif
+
 constexpr int kRows = 64;
 constexpr int kTile = 64;                    // keys per tile
 constexpr int kSubTiles = 9;                 // 64-dim column blocks of a tile
@@ -203,25 +208,26 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32
 #undef MLADCP_O128
 #undef MLADCP_O128_REGS
 
-// S = Q·Kᵀ over the 64 keys of a stage (36 k-steps of 16 dims; the first overwrites S), one commit group
-// per 64-dim column block, each issued once its copy (`full`, phase parity `parity`) has landed. The
-// blocks go in the order the ring refills them: warpgroup 0 from block 0 (its stage's columns 0-3 are
-// released first), warpgroup 1 from block 4. The mbarrier waits sit between commit groups, never
-// inside one (a wait loop inside a group makes ptxas serialize every wgmma of the kernel), and nothing
-// touches S until the caller's wgmma_wait.
-template <int kFirstBlock>
+// S = Q·Kᵀ over column blocks kFirstBlock .. kFirstBlock + kBlocks − 1 (mod 9) of the 64 keys of a stage,
+// 4 k-steps of 16 dims each; the first k-step overwrites S when `overwrite`. One commit group per 64-dim
+// column block, each issued once its copy (`full`, phase parity `parity`) has landed. The blocks go in the
+// order the ring refills them: warpgroup 0 from block 0 (its stage's columns 0-3 are released first),
+// warpgroup 1 from block 4. The mbarrier waits sit between commit groups, never inside one (a wait loop
+// inside a group makes ptxas serialize every wgmma of the kernel), and nothing touches S until the
+// caller's wgmma_wait.
+template <int kFirstBlock, int kBlocks>
 __device__ __forceinline__ void issue_scores(float (&s)[32], uint32_t q_lo, uint32_t k_lo, uint32_t full,
-                                             uint32_t parity) {
-  fence_regs(s);
+                                             uint32_t parity, bool overwrite) {
+  if (overwrite) fence_regs(s);
 #pragma unroll
-  for (int j = 0; j < kSubTiles; ++j) {
+  for (int j = 0; j < kBlocks; ++j) {
     const int c = (kFirstBlock + j) % kSubTiles;
     mbar_wait(full + 8 * c, parity);
     wgmma_fence();
 #pragma unroll
     for (int k4 = 0; k4 < 4; ++k4) {
       const uint32_t koff = uint32_t((c * kBlockBytes + k4 * 32) >> 4);
-      wgmma_qk_m64n64(s, desc(q_lo + koff), desc(k_lo + koff), j > 0 || k4 > 0);
+      wgmma_qk_m64n64(s, desc(q_lo + koff), desc(k_lo + koff), !(overwrite && j == 0 && k4 == 0));
     }
     wgmma_commit();
   }
@@ -557,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // ---- warpgroup 0: tiles a (stage 0), columns [0, 256) ----
     if (w.npairs > 0) {  // scores of the first tile a
-      issue_scores<0>(s, q_lo, k_lo0, full, 0);
+      issue_scores<0, kSubTiles>(s, q_lo, k_lo0, full, 0, true);
       wgmma_wait<0>();
       fence_regs(s);
     }
@@ -616,20 +622,34 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(o);
       issue_pv_smem(o, pb_lo, v_lo0 + kStage, true);
       wgmma_commit();
+#if MLADCP_SM90_SPLIT_SCORES
+      // Scores of the next tile a: column blocks 0-3 (refilled since P_a·V_a,L retired) queue right behind
+      // P_b·V_b,L, so this warpgroup's scores finish ahead of warpgroup 1's and its softmax overlaps their
+      // products; blocks 4-8 follow once P_b·V_b,L has retired and stage 1's columns 0-3 are released.
+      if (more) issue_scores<0, 4>(s, q_lo, k_lo0, full, par ^ 1, true);
+      wgmma_wait<4>();
+      fence_regs(o);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
+      if (more) issue_scores<4, 5>(s, q_lo, k_lo0, full, par ^ 1, false);
+      wgmma_wait<0>();
+      fence_regs(s);
+#else
       wgmma_wait<0>();
       fence_regs(o);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
       if (more) {                                      // scores of the next tile a, for the next pair
-        issue_scores<0>(s, q_lo, k_lo0, full, par ^ 1);
+        issue_scores<0, kSubTiles>(s, q_lo, k_lo0, full, par ^ 1, true);
         wgmma_wait<0>();
         fence_regs(s);
       }
+#endif
     }
   } else {
     // ---- warpgroup 1: tiles b (stage 1), columns [256, 512) ----
     if (w.npairs > 0) {  // scores of the first tile b
-      issue_scores<4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), 0);
+      issue_scores<4, kSubTiles>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), 0, true);
       wgmma_wait<0>();
       fence_regs(s);
     }
@@ -685,7 +705,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
       if (more) {                                      // scores of the next tile b, for the next pair
-        issue_scores<4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1);
+        issue_scores<4, kSubTiles>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1, true);
         wgmma_wait<0>();
         fence_regs(s);
       }
