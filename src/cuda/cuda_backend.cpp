@@ -166,7 +166,9 @@ class CudaBackend final : public Backend {
     DeviceState dev;
     if (!current_device_state(&dev).ok()) return 0;  // decode() reports the device error
     const KernelChoice kc = choose_kernel(p, dev, opt_);
-    return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, kc.sm90).workspace_bytes;
+    return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta,
+                                kc.sm90 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits)
+        .workspace_bytes;
   }
 
   Status decode(const MlaDecodeParams& in, const ExecContext& ctx) override {
@@ -184,7 +186,8 @@ class CudaBackend final : public Backend {
                                              ", kv_dtype=", dtype_name(p.kv_dtype), ": the kernel for ", rows,
                                              " query rows needs ", kc.smem,
                                              " bytes of shared memory per block; this device allows ", dev.smem_optin));
-    const cuda_plan::DecodePlan plan = cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, kc.sm90);
+    const cuda_plan::DecodePlan plan = cuda_plan::make_plan(
+        p, wave_ctas(kc, dev), kc.rows_per_cta, kc.sm90 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits);
     if (plan.grid > std::numeric_limits<int32_t>::max() ||
         int64_t(p.num_seqs) * plan.rows_per_seq > std::numeric_limits<int32_t>::max())
       return invalid("num_seqs=", p.num_seqs, ", max_seq_len=", p.max_seq_len, ": ", plan.grid,

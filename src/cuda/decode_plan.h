@@ -183,6 +183,9 @@ MLADCP_HD BalancedCursor balanced_cursor(int part, int parts, int total, int fir
   return c;
 }
 
+// kFillDevice's schedule on a kernel that can run both (the Hopper kernel).
+enum class Schedule { kSplits, kAuto, kBalanced };
+
 struct DecodePlan {
   int rows_per_seq = 0;   // H · q_len
   int rows_per_cta = 16;  // 16, 32 or 64
@@ -200,20 +203,33 @@ inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // Host-only: the plan of a validated call (default strides applied or not; only shapes and the
 // policy are read). `wave_ctas`: split CTAs the device runs at once (SMs × resident CTAs per SM),
 // read by kFillDevice only. `cta_rows`: the kernel's rows per CTA (the Hopper kernel always takes 64,
-// packing 16·q_len rows and leaving the rest empty); 0 = rows_per_cta(H · q_len). `balanced`: the
-// kernel runs the balanced schedule (the Hopper kernel), taken by kFillDevice.
-inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta_rows = 0, bool balanced = false) {
+// packing 16·q_len rows and leaving the rest empty); 0 = rows_per_cta(H · q_len). `balanced`: whether
+// kFillDevice takes the balanced schedule (only the Hopper kernel runs it): never, where it pays, always.
+inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta_rows = 0,
+                            Schedule balanced = Schedule::kSplits) {
   DecodePlan plan;
   plan.rows_per_seq = p.num_heads * p.q_len;
   plan.rows_per_cta = cta_rows > 0 ? cta_rows : rows_per_cta(plan.rows_per_seq);
   plan.row_chunks = (plan.rows_per_seq + plan.rows_per_cta - 1) / plan.rows_per_cta;
   plan.split_len = kSplitTokens;
-  const int64_t max_local_keys = sharding::local_len(p.max_seq_len, p.shard.world, p.shard.rank, p.shard.interleave);
-  const int64_t most_positions = int64_t(p.num_seqs) * balanced_cost((max_local_keys + kTileTokens - 1) / kTileTokens);
-  if (balanced && p.split_policy == SplitPolicy::kFillDevice && wave_ctas > 0 && most_positions < (int64_t(1) << 30)) {
+  const int64_t max_local = sharding::local_len(p.max_seq_len, p.shard.world, p.shard.rank, p.shard.interleave);
+  if (p.split_policy == SplitPolicy::kFillDevice)
+    plan.split_len = fill_split_tokens(max_local, int64_t(plan.row_chunks) * p.num_seqs, wave_ctas, plan.split_len);
+  plan.max_splits = num_splits(max_local, plan.split_len);
+  plan.grid = int64_t(plan.row_chunks) * plan.max_splits * p.num_seqs;
+  const int64_t most_positions = int64_t(p.num_seqs) * balanced_cost((max_local + kTileTokens - 1) / kTileTokens);
+  // The balanced schedule where the split plan runs several waves of several splits per sequence (its
+  // waves' fixed costs and the partial states of many short splits dominate there); a plan of one wave, or
+  // of whole sequences per CTA, stays: the balanced parts, cut across sequences, would add partial states
+  // and a combine to it (measured slower on 128 heads × 64 × 4K and × 128 × 1K: docs/perf).
+  const bool pays = plan.grid > wave_ctas && plan.max_splits > 1;
+  if (p.split_policy == SplitPolicy::kFillDevice && wave_ctas > 0 && most_positions < (int64_t(1) << 30) &&
+      (balanced == Schedule::kBalanced || (balanced == Schedule::kAuto && pays))) {
     const int64_t parts = wave_ctas / plan.row_chunks;
     plan.parts = int(parts < 1 ? 1 : parts);
     plan.grid = int64_t(plan.parts) * plan.row_chunks;
+    plan.split_len = kSplitTokens;
+    plan.max_splits = 1;
     const size_t states = size_t(plan.parts) * 2 * size_t(plan.rows_per_seq);
     plan.ws_record_offset = 0;
     plan.ws_lse_offset = align_up(size_t(p.num_seqs) * sizeof(BalancedRecord), 256);
@@ -221,11 +237,6 @@ inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta
     plan.workspace_bytes = plan.ws_o_offset + states * size_t(kLatentDim) * sizeof(float);
     return plan;
   }
-  const int64_t max_local = sharding::local_len(p.max_seq_len, p.shard.world, p.shard.rank, p.shard.interleave);
-  if (p.split_policy == SplitPolicy::kFillDevice)
-    plan.split_len = fill_split_tokens(max_local, int64_t(plan.row_chunks) * p.num_seqs, wave_ctas, plan.split_len);
-  plan.max_splits = num_splits(max_local, plan.split_len);
-  plan.grid = int64_t(plan.row_chunks) * plan.max_splits * p.num_seqs;
   if (plan.max_splits > 1) {
     const size_t states = size_t(p.num_seqs) * size_t(plan.max_splits) * size_t(plan.rows_per_seq);
     plan.ws_lse_offset = 0;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_backend.h"
 #include "cuda/cuda_test_util.h"
 #include "cuda/decode_plan.h"
 
@@ -169,12 +170,19 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
   }
   // The plan: one wave of CTAs, records and two partial-state slots per part in the workspace.
   MlaDecodeParams p = plan_params(16, 128, 1, 65536);
-  const cuda_plan::DecodePlan b = cuda_plan::make_plan(p, 132, 64, true);
+  const cuda_plan::DecodePlan b = cuda_plan::make_plan(p, 132, 64, cuda_plan::Schedule::kAuto);
   EXPECT_EQ(b.parts, 66);
   EXPECT_EQ(b.grid, 132);
   EXPECT_GE(b.workspace_bytes, size_t(66) * 2 * 128 * (kLatentDim + 1) * 4 + 16 * sizeof(cuda_plan::BalancedRecord));
   p.split_policy = SplitPolicy::kBatchInvariant;  // batch invariance keeps fixed splits
-  EXPECT_EQ(cuda_plan::make_plan(p, 132, 64, true).parts, 0);
+  EXPECT_EQ(cuda_plan::make_plan(p, 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
+  // One wave, or whole sequences per CTA, keep the split plan: 64 × 4K (one 4096-key split per sequence),
+  // 128 × 1K (two waves of whole sequences), 8 × 4K (one wave of 512-key splits).
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 128, 1, 4096), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(128, 128, 1, 1024), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(8, 128, 1, 4096), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(32, 128, 1, 16384), 132, 64, cuda_plan::Schedule::kAuto).parts, 66);
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 64, 1, 8192), 132, 64, cuda_plan::Schedule::kAuto).parts, 132);
 }
 
 // ---- oracle ---------------------------------------------------------------------------------------
@@ -248,7 +256,9 @@ std::vector<Case> fill_cases() {
   // puts several sequences in one part and spreads the long ones over several, on pages of 64, 32, 16.
   const std::vector<int> mixed = {0, 1, 63, 64, 65, 700, 0, 2049, 130, 4100, 5, 0, 333, 9000, 64, 1500, 2, 0, 6500};
   add("mixed_h64_bs64", config(64, 1, 64, mixed, 0), false);
-  add("mixed_h128_q2_bs32", config(128, 2, 32, mixed, 0), false);
+  std::vector<int> mixed_q2 = mixed;  // a non-empty sequence holds at least its q_len new tokens
+  for (int& l : mixed_q2) l = l == 1 ? 2 : l;
+  add("mixed_h128_q2_bs32", config(128, 2, 32, mixed_q2, 0), false);
   add("mixed_h32_bs16", config(32, 1, 16, mixed, 0), false);
   return cases;
 }
@@ -260,6 +270,14 @@ TEST_P(SplitPolicyOracle, FillDeviceMatchesReference) {
   auto cuda = make_backend("cuda");
   if (GetParam().finer) expect_more_splits(*cuda, GetParam().cfg);
   EXPECT_TRUE(fill_matches_oracle(*cuda, GetParam().cfg));
+  // Both schedules of the Hopper kernel whatever the automatic choice (elsewhere the option is ignored).
+  for (const cuda_plan::Schedule schedule : {cuda_plan::Schedule::kSplits, cuda_plan::Schedule::kBalanced}) {
+    CudaBackendOptions o;
+    o.fill_schedule = schedule;
+    auto forced = make_cuda_backend(o);
+    EXPECT_TRUE(fill_matches_oracle(*forced, GetParam().cfg))
+        << (schedule == cuda_plan::Schedule::kBalanced ? "balanced" : "splits") << " schedule";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SplitPolicyOracle, ::testing::ValuesIn(fill_cases()),

@@ -159,7 +159,7 @@ if want peers; then
     : >"$out/peers.log"
   fi
   for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
-    timeout "$(cap 200 10)" "$bin/mladcp_peer_bench" --configs "$cfgs" --policies default,invariant,nolse \
+    timeout "$(cap 200 10)" "$bin/mladcp_peer_bench" --configs "$cfgs" --policies default,invariant,nolse,splits,balanced \
       >>"$out/peers.log" 2>&1
     note "peers: mladcp on $cfgs rc $?"
   done
