@@ -371,6 +371,26 @@ TEST(PlanModel, KernelGridFollowsTheRowsOfThePortableKernel) {
   EXPECT_EQ(kernel_grid(dev, 32, 1, 128, 4096, DType::kBF16).wave_ctas, 2 * dev.sms);
 }
 
+// balanced_schedule (Hopper): where the split plan runs several waves of several splits, one wave of parts ×
+// row chunks, a few partial states per sequence; one-wave plans and fp8 keep the splits.
+TEST(PlanModel, KernelGridFollowsTheBalancedSchedule) {
+  DeviceParams dev = shipped().device;
+  dev.two_per_sm_max_rows = 16;
+  dev.balanced_schedule = false;
+  KernelGrid g = kernel_grid(dev, 128, 1, 16, 65536, DType::kBF16);
+  EXPECT_EQ(g.ctas, 16 * 2 * 32);  // 32 splits of 2048 keys × 2 row chunks × 16 sequences
+  dev.balanced_schedule = true;
+  g = kernel_grid(dev, 128, 1, 16, 65536, DType::kBF16);
+  EXPECT_EQ(g.ctas, dev.sms / 2 * 2);
+  EXPECT_EQ(g.waves(), 1);
+  EXPECT_GE(g.splits, 2);
+  EXPECT_LE(g.splits, 6);  // 66 parts over 16 sequences: about 4 parts each, plus one at a boundary
+  EXPECT_EQ(kernel_grid(dev, 128, 1, 64, 4096, DType::kBF16).ctas, 128);  // one wave of whole sequences
+  EXPECT_EQ(kernel_grid(dev, 128, 1, 16, 65536, DType::kFP8E4M3).waves(),
+            kernel_grid(dev, 128, 1, 16, 65536, DType::kFP8E4M3).waves());
+  EXPECT_GT(kernel_grid(dev, 128, 1, 16, 65536, DType::kFP8E4M3).waves(), 1);  // fp8: the portable kernel
+}
+
 // ---- Bad input -----------------------------------------------------------------------------------
 
 TEST(PlanErrors, BadPlanParamsNameTheArgument) {
