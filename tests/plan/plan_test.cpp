@@ -344,7 +344,8 @@ TEST(PlanModel, FitRecoversASyntheticModel) {
 // The grid the model sees is the cuda backend's default plan: one split of 4096 keys for 64 sequences of
 // 4K at 128 heads (one wave of 128 CTAs), 16-row CTAs two per SM.
 TEST(PlanModel, KernelGridFollowsTheSplitPlan) {
-  const DeviceParams dev = shipped().device;
+  DeviceParams dev = shipped().device;
+  dev.balanced_schedule = false;  // the split plan (KernelGridFollowsTheBalancedSchedule: the other)
   KernelGrid g = kernel_grid(dev, 128, 1, 64, 4096);
   EXPECT_EQ(g.splits, 1);
   EXPECT_EQ(g.ctas, 128);
