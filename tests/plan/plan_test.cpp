@@ -386,7 +386,7 @@ TEST(PlanModel, KernelGridFollowsTheBalancedSchedule) {
   EXPECT_EQ(g.waves(), 1);
   EXPECT_GE(g.splits, 2);
   EXPECT_LE(g.splits, 6);  // 66 parts over 16 sequences: about 4 parts each, plus one at a boundary
-  EXPECT_EQ(kernel_grid(dev, 128, 1, 64, 4096, DType::kBF16).ctas, 128);  // one wave of whole sequences
+  EXPECT_EQ(kernel_grid(dev, 128, 1, 64, 4096, DType::kBF16).ctas, 128);       // one wave of whole sequences
   EXPECT_GT(kernel_grid(dev, 128, 1, 16, 65536, DType::kFP8E4M3).waves(), 1);  // fp8: the portable kernel
 }
 
