@@ -211,6 +211,7 @@ class CudaBackend final : public Backend {
     k.split_len = plan.split_len;
     k.max_splits = plan.max_splits;
     k.parts = plan.parts;
+    k.whole_short = plan.whole_short;
     k.kv_stages = kc.kv_stages;
     k.sm90 = kc.sm90;
     k.q = static_cast<const uint16_t*>(p.q);
