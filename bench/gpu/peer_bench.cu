@@ -9,7 +9,7 @@
 // with events right around the call (device time only); the median. One key cache, no rotation.
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
-//                          [--policies default,invariant,fill,nolse] [--hot-pages N]
+//                          [--policies default,invariant,fill,nolse,splits,balanced] [--hot-pages N]
 // --hot-pages N: every block-table entry names one of N pages (the keys stay in L2; an experiment that
 // separates the kernel's own schedule from its key loads, not a peer configuration).
 // Output per configuration and policy:
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bench_util.cuh"
+#include "cuda/cuda_backend.h"
 #include "mladcp/backend.h"
 #include "mladcp/config.h"
 
@@ -95,11 +96,12 @@ struct Policy {
   const char* tag;
   bool set;
   mladcp::SplitPolicy policy;
-  bool lse = true;  // false: no LSE asked for (the default policy)
+  bool lse = true;                     // false: no LSE asked for (the default policy)
+  mladcp::Backend* backend = nullptr;  // a backend with other options (a forced schedule), else the default
 };
 
-void run(mladcp::Backend& be, const PeerConfig& c, const std::vector<Policy>& policies, int reps, int warmup,
-         long long spin_cycles, int hot_pages) {
+void run(mladcp::Backend& default_backend, const PeerConfig& c, const std::vector<Policy>& policies, int reps,
+         int warmup, long long spin_cycles, int hot_pages) {
   using namespace mladcp;
   Case k = make_case(c);
   if (hot_pages > 0)
@@ -133,6 +135,7 @@ void run(mladcp::Backend& be, const PeerConfig& c, const std::vector<Policy>& po
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
   for (const Policy& pol : policies) {
+    Backend& be = pol.backend ? *pol.backend : default_backend;
     MlaDecodeParams p;
     p.num_seqs = c.b;
     p.q_len = c.s_q;
@@ -207,7 +210,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
-                   "[--policies default,invariant,fill] [--hot-pages N]\n",
+                   "[--policies default,invariant,fill,nolse,splits,balanced] [--hot-pages N]\n",
                    argv[0]);
       return 2;
     }
@@ -216,6 +219,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--configs FILE is required; --reps >= 1, --warmup >= 0\n");
     return 2;
   }
+  std::unique_ptr<mladcp::Backend> be;
+  CHECK_OK(mladcp::create_backend("cuda", &be));
+  // kFillDevice with each schedule of the Hopper kernel forced (the default backend chooses).
+  mladcp::CudaBackendOptions opt;
+  opt.fill_schedule = mladcp::cuda_plan::Schedule::kSplits;
+  const std::unique_ptr<mladcp::Backend> splits = mladcp::make_cuda_backend(opt);
+  opt.fill_schedule = mladcp::cuda_plan::Schedule::kBalanced;
+  const std::unique_ptr<mladcp::Backend> balanced = mladcp::make_cuda_backend(opt);
   std::vector<Policy> policies;
   std::stringstream ps(policies_arg);
   for (std::string name; std::getline(ps, name, ',');) {
@@ -227,13 +238,16 @@ int main(int argc, char** argv) {
       policies.push_back({"mladcp-fill", true, mladcp::SplitPolicy::kFillDevice});
     else if (name == "nolse")
       policies.push_back({"mladcp-nolse", false, mladcp::SplitPolicy::kFillDevice, false});
+    else if (name == "splits")
+      policies.push_back({"mladcp-splits", true, mladcp::SplitPolicy::kFillDevice, true, splits.get()});
+    else if (name == "balanced")
+      policies.push_back({"mladcp-balanced", true, mladcp::SplitPolicy::kFillDevice, true, balanced.get()});
     else {
-      std::fprintf(stderr, "--policies: '%s' is not default, invariant, fill or nolse\n", name.c_str());
+      std::fprintf(stderr, "--policies: '%s' is not default, invariant, fill, nolse, splits or balanced\n",
+                   name.c_str());
       return 2;
     }
   }
-  std::unique_ptr<mladcp::Backend> be;
-  CHECK_OK(mladcp::create_backend("cuda", &be));
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("DEVICE mladcp %s %d SMs\n", prop.name, prop.multiProcessorCount);

@@ -166,7 +166,9 @@ class CudaBackend final : public Backend {
     DeviceState dev;
     if (!current_device_state(&dev).ok()) return 0;  // decode() reports the device error
     const KernelChoice kc = choose_kernel(p, dev, opt_);
-    return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta).workspace_bytes;
+    return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta,
+                                kc.sm90 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits)
+        .workspace_bytes;
   }
 
   Status decode(const MlaDecodeParams& in, const ExecContext& ctx) override {
@@ -184,7 +186,8 @@ class CudaBackend final : public Backend {
                                              ", kv_dtype=", dtype_name(p.kv_dtype), ": the kernel for ", rows,
                                              " query rows needs ", kc.smem,
                                              " bytes of shared memory per block; this device allows ", dev.smem_optin));
-    const cuda_plan::DecodePlan plan = cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta);
+    const cuda_plan::DecodePlan plan = cuda_plan::make_plan(
+        p, wave_ctas(kc, dev), kc.rows_per_cta, kc.sm90 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits);
     if (plan.grid > std::numeric_limits<int32_t>::max() ||
         int64_t(p.num_seqs) * plan.rows_per_seq > std::numeric_limits<int32_t>::max())
       return invalid("num_seqs=", p.num_seqs, ", max_seq_len=", p.max_seq_len, ": ", plan.grid,
@@ -207,6 +210,7 @@ class CudaBackend final : public Backend {
     k.row_chunks = plan.row_chunks;
     k.split_len = plan.split_len;
     k.max_splits = plan.max_splits;
+    k.parts = plan.parts;
     k.kv_stages = kc.kv_stages;
     k.sm90 = kc.sm90;
     k.q = static_cast<const uint16_t*>(p.q);
@@ -237,6 +241,7 @@ class CudaBackend final : public Backend {
     k.shard = p.shard;
     if (plan.workspace_bytes > 0) {
       uint8_t* ws = static_cast<uint8_t*>(ctx.workspace);
+      if (plan.parts > 0) k.ws_record = reinterpret_cast<cuda_plan::BalancedRecord*>(ws + plan.ws_record_offset);
       k.ws_lse = reinterpret_cast<float*>(ws + plan.ws_lse_offset);
       k.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_offset);
     }

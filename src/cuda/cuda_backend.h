@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "cuda/decode_plan.h"
 #include "mladcp/backend.h"
 #include "mladcp/kv_cache.h"
 
@@ -14,6 +15,9 @@ int cuda_device_count();
 // Kernel selection of the "cuda" backend (the defaults pick the fastest kernel the device runs).
 struct CudaBackendOptions {
   bool hopper_kernel = true;  // false: the portable kernel on Hopper too (comparisons, tests)
+  // kFillDevice's schedule on the Hopper kernel (decode_plan.h): kAuto chooses; kSplits and kBalanced
+  // force one (tests of both, side-by-side comparisons).
+  cuda_plan::Schedule fill_schedule = cuda_plan::Schedule::kAuto;
   bool single_stage = false;  // true: the single-buffered portable pipeline (the layout of devices with
                               // less shared memory), so that it can be tested on any device
 };

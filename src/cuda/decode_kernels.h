@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/decode_plan.h"
 #include "mladcp/sharding.h"
 #include "mladcp/status.h"
 
@@ -13,6 +14,7 @@ namespace mladcp::cuda_impl {
 struct DecodeKernelParams {
   int num_seqs = 0, q_len = 1, num_heads = 0, head_group_size = 1;
   int rows_per_seq = 0, rows_per_cta = 16, row_chunks = 0, split_len = 0, max_splits = 1;
+  int parts = 0;      // > 0: the balanced schedule of the Hopper kernel (decode_plan.h), grid parts · row_chunks
   int kv_stages = 2;  // 2: double-buffered key tiles; 1: single buffer (devices with less shared memory)
   bool sm90 = false;  // 64-row bf16 CTAs run the Hopper kernel (sm90_decode.h) instead of the portable one
 
@@ -42,8 +44,11 @@ struct DecodeKernelParams {
 
   DcpShard shard;
 
-  float* ws_lse = nullptr;  // [B, max_splits, R] base-2 partial LSE
-  float* ws_o = nullptr;    // [B, max_splits, R, 512] normalized partial outputs
+  // Partial states: [B, max_splits, R] (splits) or [parts, 2 slots, R] (balanced), base-2 LSE and
+  // normalized outputs [.., 512]; the balanced schedule's merge records [B].
+  float* ws_lse = nullptr;
+  float* ws_o = nullptr;
+  cuda_plan::BalancedRecord* ws_record = nullptr;
 };
 
 // Dynamic shared memory of the split kernel for a shape (bytes).

@@ -32,7 +32,7 @@ __device__ __forceinline__ void store4(void* out, bool fp32, int64_t i, float4 v
   }
 }
 
-// One CTA (8 warps) per (sequence, query row) of a sequence with two or more splits. The weights
+// One CTA (8 warps) per (sequence, query row) of a sequence with two or more splits (or parts). The weights
 // come from lse::Combiner: each lane observes and accumulates a strided subset of the splits, the
 // warp combines max then sum (the same two passes, just spread over lanes). Warp w sums splits
 // w, w + 8, ... over 512 columns (16 per lane, float4 loads), and the 8 partial sums are added in
@@ -47,18 +47,31 @@ __global__ void __launch_bounds__(kCombineWarps * 32) mla_decode_combine_kernel(
   const int64_t w = blockIdx.x;
   const int seq = int(w / p.rows_per_seq);
   const int grow = int(w - int64_t(seq) * p.rows_per_seq);
-  const int len = clamped_len(p, seq);
-  const int64_t n_max = sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave);
-  const int nsplits = cuda_plan::num_splits(n_max, p.split_len);
+  // Partial state s of this row: split s of the sequence, or (balanced schedule) its s-th part's slot.
+  int nsplits = 0;
+  int64_t state0 = 0, step = 0;  // state s = state0 + s · step (+ the first part's slot)
+  int64_t slot0 = 0;
+  if (p.parts > 0) {
+    const cuda_plan::BalancedRecord r = p.ws_record[seq];
+    nsplits = r.parts;
+    state0 = int64_t(r.first_part) * 2 * p.rows_per_seq + grow;
+    step = 2 * int64_t(p.rows_per_seq);
+    slot0 = int64_t(r.slot) * p.rows_per_seq;
+  } else {
+    const int len = clamped_len(p, seq);
+    const int64_t n_max = sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave);
+    nsplits = cuda_plan::num_splits(n_max, p.split_len);
+    state0 = int64_t(seq) * p.max_splits * p.rows_per_seq + grow;
+    step = p.rows_per_seq;
+  }
   if (nsplits <= 1) return;  // written by the split kernel
+  auto state = [&](int s) { return state0 + s * step + (s == 0 ? slot0 : 0); };
 
-  const int64_t state0 = int64_t(seq) * p.max_splits * p.rows_per_seq + grow;
-  const float* lse_in = p.ws_lse + state0;
   lse::Combiner c(LseBase::k2);
-  for (int s = lane; s < nsplits; s += 32) c.observe_max(lse_in[int64_t(s) * p.rows_per_seq]);
+  for (int s = lane; s < nsplits; s += 32) c.observe_max(p.ws_lse[state(s)]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) c.max_l = fmaxf(c.max_l, __shfl_xor_sync(0xffffffffu, c.max_l, o));
-  for (int s = lane; s < nsplits; s += 32) c.accumulate(lse_in[int64_t(s) * p.rows_per_seq]);
+  for (int s = lane; s < nsplits; s += 32) c.accumulate(p.ws_lse[state(s)]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) c.sum += __shfl_xor_sync(0xffffffffu, c.sum, o);
 
@@ -66,9 +79,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) mla_decode_combine_kernel(
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int s = warp; s < nsplits; s += kCombineWarps) {
-    const float wt = c.weight(lse_in[int64_t(s) * p.rows_per_seq]);
+    const float wt = c.weight(p.ws_lse[state(s)]);
     if (wt == 0.0f) continue;
-    const float4* src = reinterpret_cast<const float4*>(p.ws_o + (state0 + int64_t(s) * p.rows_per_seq) * kLatentDim);
+    const float4* src = reinterpret_cast<const float4*>(p.ws_o + state(s) * kLatentDim);
     float4 v[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = src[lane + 32 * i];
@@ -147,7 +160,7 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
       return Status::Internal("rows_per_cta=" + std::to_string(p.rows_per_cta) + ": not 16, 32 or 64");
   }
   MLADCP_RETURN_IF_ERROR(cuda_status(e, "mla_decode_split_kernel launch"));
-  if (p.max_splits > 1) {
+  if (p.max_splits > 1 || p.parts > 0) {
     const int64_t blocks = int64_t(p.num_seqs) * p.rows_per_seq;
     // After the Hopper kernel the combine is a programmatic dependent launch: its CTAs start while the
     // split kernel's last CTAs write their states, and wait for the whole grid before reading.

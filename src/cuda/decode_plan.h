@@ -100,6 +100,92 @@ inline int fill_split_tokens(int64_t max_local, int64_t base_ctas, int64_t wave_
   return int(best_len);
 }
 
+// ---- balanced schedule: kFillDevice on the Hopper kernel ----
+//
+// One wave of persistent CTAs: `parts` parts × row_chunks CTAs (parts = the device's wave / row chunks).
+// Work positions: sequence s takes kBalancedOverheadTiles positions (its query load and epilogue) and then
+// one per 64-key tile of its local keys (an empty sequence: one placeholder), laid end to end in sequence
+// order; W positions in all. Part p takes positions [p·T, (p+1)·T), T = ceil(W / parts), and its CTAs run
+// the tiles there, sequence by sequence (each CTA one row chunk). A sequence inside one part is written
+// directly. One spread over several parts leaves a partial state per part, in slot 0 of a part where it
+// is the part's first sequence and slot 1 where it is its last; the part holding its first tile writes a
+// merge record (BalancedRecord) that the combine kernel reads. Balanced by keys whatever the lengths: the
+// grid does not depend on max_seq_len, and no CTA waits on a longer split of another sequence.
+#ifndef MLADCP_BALANCED_OVERHEAD_TILES
+#define MLADCP_BALANCED_OVERHEAD_TILES 4
+#endif
+inline constexpr int kBalancedOverheadTiles = MLADCP_BALANCED_OVERHEAD_TILES;
+
+// Work positions of a sequence with `tiles` 64-key tiles.
+MLADCP_HD int64_t balanced_cost(int64_t tiles) { return kBalancedOverheadTiles + (tiles > 0 ? tiles : 1); }
+
+// What a part runs of one sequence.
+struct BalancedPiece {
+  int seq = 0;
+  int tile_begin = 0, tile_end = 0;  // tiles of the sequence in this part (none for an empty sequence)
+  bool whole = false;                // the sequence lies in this part only: out and lse written directly
+  int slot = 0;                      // partial-state slot of this part (0: its first sequence, 1: its last)
+  bool first = false;                // this part holds the sequence's first position: writes the record
+  int parts = 1;                     // parts the sequence spans
+};
+
+// Merge record of a sequence (int4 in the workspace): first part, parts spanned, slot in the first part.
+// Partial state k of the sequence (k < parts) lies in part first_part + k, slot (k == 0 ? slot : 0).
+struct BalancedRecord {
+  int first_part, parts, slot, unused;
+};
+
+// The pieces of one part, in sequence order. Start it at the sequence whose positions hold the part's first
+// position (balanced_cursor); next() reads each sequence's tile count through tiles_of(seq). Positions
+// are 32-bit: make_plan takes the balanced schedule only where every position fits.
+struct BalancedCursor {
+  int part = 0;
+  int per_part = 1, begin = 0, end = 0;  // T; positions [begin, end) of this part
+  int seq = 0;                           // next sequence to look at
+  int pos = 0;                           // its first position
+  int count = 0;                         // pieces returned so far
+
+  template <class TilesOf>
+  MLADCP_HD bool next(int num_seqs, const TilesOf& tiles_of, BalancedPiece& out) {
+    while (seq < num_seqs) {
+      const int n = int(tiles_of(seq));
+      const int w0 = pos + kBalancedOverheadTiles, w1 = pos + int(balanced_cost(n));
+      if (w0 >= end) return false;  // this and every later sequence start past the part
+      const int s = seq++;
+      pos = w1;
+      const int lo = w0 > begin ? w0 : begin, hi = w1 < end ? w1 : end;
+      if (lo >= hi) continue;  // only this sequence's overhead positions lie in the part
+      out.seq = s;
+      out.tile_begin = n > 0 ? lo - w0 : 0;
+      out.tile_end = n > 0 ? hi - w0 : 0;
+      out.whole = lo == w0 && hi == w1;
+      out.slot = count == 0 ? 0 : 1;
+      out.first = lo == w0;
+      out.parts = (w1 - 1) / per_part - w0 / per_part + 1;
+      ++count;
+      return true;
+    }
+    return false;
+  }
+};
+
+// The cursor of part `part` of `parts` over `total` positions, starting at sequence first_seq (first
+// position first_pos) or, with first_seq < 0 (the part lies past the work), at nothing.
+MLADCP_HD BalancedCursor balanced_cursor(int part, int parts, int total, int first_seq, int first_pos, int num_seqs) {
+  BalancedCursor c;
+  c.part = part;
+  c.per_part = (total + parts - 1) / parts;
+  if (c.per_part < 1) c.per_part = 1;
+  c.begin = part * c.per_part;
+  c.end = c.begin + c.per_part < total ? c.begin + c.per_part : total;
+  c.seq = first_seq >= 0 ? first_seq : num_seqs;
+  c.pos = first_pos;
+  return c;
+}
+
+// kFillDevice's schedule on a kernel that can run both (the Hopper kernel).
+enum class Schedule { kSplits, kAuto, kBalanced };
+
 struct DecodePlan {
   int rows_per_seq = 0;   // H · q_len
   int rows_per_cta = 16;  // 16, 32 or 64
@@ -107,7 +193,8 @@ struct DecodePlan {
   int split_len = 0;      // local keys per split
   int max_splits = 1;     // splits of the longest possible sequence (from max_seq_len)
   int64_t grid = 0;       // CTAs of the split kernel
-  size_t ws_lse_offset = 0, ws_o_offset = 0;
+  int parts = 0;          // > 0: the balanced schedule (grid = parts · row_chunks), else splits of split_len
+  size_t ws_record_offset = 0, ws_lse_offset = 0, ws_o_offset = 0;
   size_t workspace_bytes = 0;  // 0 when no sequence can have two splits
 };
 
@@ -116,8 +203,10 @@ inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // Host-only: the plan of a validated call (default strides applied or not; only shapes and the
 // policy are read). `wave_ctas`: split CTAs the device runs at once (SMs × resident CTAs per SM),
 // read by kFillDevice only. `cta_rows`: the kernel's rows per CTA (the Hopper kernel always takes 64,
-// packing 16·q_len rows and leaving the rest empty); 0 = rows_per_cta(H · q_len).
-inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta_rows = 0) {
+// packing 16·q_len rows and leaving the rest empty); 0 = rows_per_cta(H · q_len). `balanced`: whether
+// kFillDevice takes the balanced schedule (only the Hopper kernel runs it): never, where it pays, always.
+inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta_rows = 0,
+                            Schedule balanced = Schedule::kSplits) {
   DecodePlan plan;
   plan.rows_per_seq = p.num_heads * p.q_len;
   plan.rows_per_cta = cta_rows > 0 ? cta_rows : rows_per_cta(plan.rows_per_seq);
@@ -128,6 +217,26 @@ inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta
     plan.split_len = fill_split_tokens(max_local, int64_t(plan.row_chunks) * p.num_seqs, wave_ctas, plan.split_len);
   plan.max_splits = num_splits(max_local, plan.split_len);
   plan.grid = int64_t(plan.row_chunks) * plan.max_splits * p.num_seqs;
+  const int64_t most_positions = int64_t(p.num_seqs) * balanced_cost((max_local + kTileTokens - 1) / kTileTokens);
+  // The balanced schedule where the split plan runs several waves of several splits per sequence (its
+  // waves' fixed costs and the partial states of many short splits dominate there); a plan of one wave, or
+  // of whole sequences per CTA, stays: the balanced parts, cut across sequences, would add partial states
+  // and a combine to it (measured slower on 128 heads × 64 × 4K and × 128 × 1K: docs/perf).
+  const bool pays = plan.grid > wave_ctas && plan.max_splits > 1;
+  if (p.split_policy == SplitPolicy::kFillDevice && wave_ctas > 0 && most_positions < (int64_t(1) << 30) &&
+      (balanced == Schedule::kBalanced || (balanced == Schedule::kAuto && pays))) {
+    const int64_t parts = wave_ctas / plan.row_chunks;
+    plan.parts = int(parts < 1 ? 1 : parts);
+    plan.grid = int64_t(plan.parts) * plan.row_chunks;
+    plan.split_len = kSplitTokens;
+    plan.max_splits = 1;
+    const size_t states = size_t(plan.parts) * 2 * size_t(plan.rows_per_seq);
+    plan.ws_record_offset = 0;
+    plan.ws_lse_offset = align_up(size_t(p.num_seqs) * sizeof(BalancedRecord), 256);
+    plan.ws_o_offset = align_up(plan.ws_lse_offset + states * sizeof(float), 256);
+    plan.workspace_bytes = plan.ws_o_offset + states * size_t(kLatentDim) * sizeof(float);
+    return plan;
+  }
   if (plan.max_splits > 1) {
     const size_t states = size_t(p.num_seqs) * size_t(plan.max_splits) * size_t(plan.rows_per_seq);
     plan.ws_lse_offset = 0;

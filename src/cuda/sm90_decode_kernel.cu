@@ -42,11 +42,6 @@
 namespace mladcp::cuda_impl {
 namespace {
 
-// Warpgroup 0 issues the first half of its next scores before the P_b product retires (docs/cuda.md).
-#ifndef MLADCP_SM90_SPLIT_SCORES
-#define MLADCP_SM90_SPLIT_SCORES 1
-#endif
-
 constexpr int kRows = 64;
 constexpr int kTile = 64;                    // keys per tile
 constexpr int kSubTiles = 9;                 // 64-dim column blocks of a tile
@@ -56,7 +51,7 @@ constexpr int kBlockBytes = 64 * 128;        // one 64-dim column block of a 64-
 constexpr int kTileBytes = 9 * kBlockBytes;  // 73728: 64 rows × 576 bf16
 // The CTA starts with 168 registers per thread (launch bounds); the consumers can only take what the producer
 // gives back: 128 · (168 − 40) = 256 · (232 − 168). (More for the producer and setmaxnreg.inc never returns.)
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;
 
 // Shared-memory layout (byte offsets).
 struct Smem {
@@ -67,7 +62,8 @@ struct Smem {
   static constexpr int ok = red + 6 * 64 * 4;
   static constexpr int full = ok + 2 * 8;                 // [2][9] u64
   static constexpr int empty = full + 2 * kSubTiles * 8;  // [2][2] u64
-  static constexpr int total = empty + 4 * 8;
+  static constexpr int seg = empty + 4 * 8;               // SegmentState: the consumers' segment cursor
+  static constexpr int total = seg + 256;
 };
 static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
 static_assert(Smem::kv % 1024 == 0 && Smem::pb % 1024 == 0 && Smem::full % 8 == 0,
@@ -208,26 +204,25 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32
 #undef MLADCP_O128
 #undef MLADCP_O128_REGS
 
-// S = Q·Kᵀ over column blocks kFirstBlock .. kFirstBlock + kBlocks − 1 (mod 9) of the 64 keys of a stage,
-// 4 k-steps of 16 dims each; the first k-step overwrites S when `overwrite`. One commit group per 64-dim
-// column block, each issued once its copy (`full`, phase parity `parity`) has landed. The blocks go in the
-// order the ring refills them: warpgroup 0 from block 0 (its stage's columns 0-3 are released first),
-// warpgroup 1 from block 4. The mbarrier waits sit between commit groups, never inside one (a wait loop
-// inside a group makes ptxas serialize every wgmma of the kernel), and nothing touches S until the
-// caller's wgmma_wait.
-template <int kFirstBlock, int kBlocks>
+// S = Q·Kᵀ over the 64 keys of a stage (36 k-steps of 16 dims; the first overwrites S), one commit group
+// per 64-dim column block, each issued once its copy (`full`, phase parity `parity`) has landed. The
+// blocks go in the order the ring refills them: warpgroup 0 from block 0 (its stage's columns 0-3 are
+// released first), warpgroup 1 from block 4. The mbarrier waits sit between commit groups, never
+// inside one (a wait loop inside a group makes ptxas serialize every wgmma of the kernel), and nothing
+// touches S until the caller's wgmma_wait.
+template <int kFirstBlock>
 __device__ __forceinline__ void issue_scores(float (&s)[32], uint32_t q_lo, uint32_t k_lo, uint32_t full,
-                                             uint32_t parity, bool overwrite) {
-  if (overwrite) fence_regs(s);
+                                             uint32_t parity) {
+  fence_regs(s);
 #pragma unroll
-  for (int j = 0; j < kBlocks; ++j) {
+  for (int j = 0; j < kSubTiles; ++j) {
     const int c = (kFirstBlock + j) % kSubTiles;
     mbar_wait(full + 8 * c, parity);
     wgmma_fence();
 #pragma unroll
     for (int k4 = 0; k4 < 4; ++k4) {
       const uint32_t koff = uint32_t((c * kBlockBytes + k4 * 32) >> 4);
-      wgmma_qk_m64n64(s, desc(q_lo + koff), desc(k_lo + koff), !(overwrite && j == 0 && k4 == 0));
+      wgmma_qk_m64n64(s, desc(q_lo + koff), desc(k_lo + koff), j > 0 || k4 > 0);
     }
     wgmma_commit();
   }
@@ -275,10 +270,129 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alph
 // or one warpgroup / both consumers among themselves.
 constexpr int kBarMa = 1, kBarMb = 2, kBarPa = 3, kBarPb = 4, kBarOwn = 5 /* + wg */, kBarConsumers = 7;
 
-// Everything a consumer warpgroup needs about its CTA.
+// One segment of a CTA's work: a range of one sequence's local keys for the CTA's 64 query rows.
 struct CtaWork {
-  int seq, split, row0, len, k_begin, k_end, ntiles, npairs, nsplits;
+  int seq, len, row0, k_begin, k_end, ntiles, npairs;
+  bool direct;          // the segment covers the sequence: out and lse written directly
+  int64_t state_block;  // else its partial state: rows [state_block · R, + R) of the workspace
+  bool record;          // write the sequence's merge record (balanced schedule, first part, row chunk 0)
+  cuda_plan::BalancedRecord rec;
 };
+
+__device__ __forceinline__ int local_keys(const DecodeKernelParams& p, int len) {
+  return int(sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave));
+}
+
+// The segments of this CTA, the same sequence for every thread: one split (split schedule) or the pieces
+// of its part (balanced schedule, decode_plan.h).
+struct Segments {
+  bool balanced;
+  int rc, part;
+  int split, seq;  // split schedule: this CTA's split, or done
+  cuda_plan::BalancedCursor cur;
+
+  __device__ bool next(const DecodeKernelParams& p, CtaWork& w) {
+    int k_first = 0, k_last = 0;
+    if (balanced) {
+      cuda_plan::BalancedPiece pc;
+      auto tiles_of = [&](int sq) { return (int64_t(local_keys(p, clamped_len(p, sq))) + kTile - 1) / kTile; };
+      if (!cur.next(p.num_seqs, tiles_of, pc)) return false;
+      w.seq = pc.seq;
+      w.len = clamped_len(p, w.seq);
+      k_first = pc.tile_begin * kTile;
+      k_last = min(pc.tile_end * kTile, local_keys(p, w.len));
+      w.direct = pc.whole;
+      w.state_block = int64_t(part) * 2 + pc.slot;
+      w.record = pc.first && rc == 0;
+      w.rec = {part, pc.parts, pc.slot, 0};
+    } else {
+      if (seq < 0) return false;
+      w.seq = seq;
+      seq = -1;
+      w.len = clamped_len(p, w.seq);
+      const int n_max = local_keys(p, w.len);
+      const int nsplits = cuda_plan::num_splits(n_max, p.split_len);
+      if (split >= nsplits) return false;
+      k_first = split * p.split_len;
+      k_last = min(k_first + p.split_len, n_max);
+      w.direct = nsplits == 1;
+      w.state_block = int64_t(w.seq) * p.max_splits + split;
+      w.record = false;
+    }
+    w.row0 = rc * kRows;
+    w.k_begin = k_first;
+    w.k_end = k_last;
+    w.ntiles = k_last > k_first ? (k_last - k_first + kTile - 1) / kTile : 0;
+    w.npairs = (w.ntiles + 1) / 2;  // an odd count ends on an absent (zero-filled, masked) tile b
+    return true;
+  }
+};
+
+// Balanced schedule: where part `part` starts, found by every thread of the CTA together (two passes over
+// the sequence lengths: the total, then the sequence holding the part's first position). `scratch`: 14
+// int64 of shared memory.
+__device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p, int part, int64_t* scratch) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int kWarps = kThreads / 32;
+  auto cost_of = [&](int sq) -> int64_t {
+    if (sq >= p.num_seqs) return 0;
+    return cuda_plan::balanced_cost((int64_t(local_keys(p, clamped_len(p, sq))) + kTile - 1) / kTile);
+  };
+  int64_t mine = 0;
+  for (int sq = tid; sq < p.num_seqs; sq += kThreads) mine += cost_of(sq);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
+  if (lane == 0) scratch[warp] = mine;
+  if (tid == 0) scratch[kWarps] = -1;
+  __syncthreads();
+  int64_t total = 0;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) total += scratch[i];
+  __syncthreads();
+  const int64_t per_part = (total + p.parts - 1) / p.parts;
+  const int64_t begin = int64_t(part) * per_part;
+  // Sequence s holds positions [C_s, C_s + cost_s): a block scan of the costs, chunk by chunk.
+  int64_t base = 0;
+  for (int s0 = 0; s0 < p.num_seqs && base <= begin && begin < total; s0 += kThreads) {
+    const int sq = s0 + tid;
+    const int64_t c = cost_of(sq);
+    int64_t incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    int64_t before = 0, chunk = 0;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) {
+      before += i < warp ? scratch[i] : 0;
+      chunk += scratch[i];
+    }
+    const int64_t start = base + before + incl - c;
+    if (sq < p.num_seqs && start <= begin && begin < start + c) {
+      scratch[kWarps] = sq;
+      scratch[kWarps + 1] = start;
+    }
+    __syncthreads();
+    base += chunk;
+  }
+  __syncthreads();
+  const int first_seq = int(scratch[kWarps]);
+  const int64_t first_pos = first_seq >= 0 ? scratch[kWarps + 1] : 0;
+  __syncthreads();  // scratch is the consumers' reduction buffer afterwards
+  return cuda_plan::balanced_cursor(part, p.parts, int(total), first_seq, int(first_pos), p.num_seqs);
+}
+
+// The consumers' segments in shared memory (one thread advances them; live registers stay free for the
+// pipeline): the cursor and the current and next segment, by parity.
+struct SegmentState {
+  Segments segs;
+  CtaWork w[2];
+  int more[2];
+};
+static_assert(sizeof(SegmentState) <= 256, "Smem::seg");
 
 // Per-thread consumer state: rows (the wgmma accumulator layout: rows 16·warp + lane/4 and + 8).
 struct RowState {
@@ -376,20 +490,23 @@ __device__ __forceinline__ uint32_t bar_addr(uint32_t base, int i) { return base
 
 // ---- the producer: one thread ----
 
-// Block ids of the pages of tile t (one per copy: `copies` pages of `rows` keys), -1 where absent (past
-// the split, past the table, or an id outside [0, num_blocks)).
+// Block ids of the pages of tile t (one per copy: kCopies pages of 64 / kCopies keys), -1 where absent
+// (past the segment, past the table, or an id outside [0, num_blocks)), and each copy's first row in its page.
+template <int kCopies>
 struct TilePages {
-  int blk[4], row[4];
+  int blk[kCopies], row[kCopies];
 };
-__device__ __forceinline__ TilePages fetch_pages(const DecodeKernelParams& p, const int32_t* bt_row, int kt, int k_end,
-                                                 int rows, int copies) {
-  TilePages tp;
+template <int kCopies>
+__device__ __forceinline__ TilePages<kCopies> fetch_pages(const DecodeKernelParams& p, const int32_t* bt_row, int kt,
+                                                          int k_end) {
+  constexpr int rows = kTile / kCopies;
+  TilePages<kCopies> tp;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < kCopies; ++c) {
     tp.blk[c] = -1;
     tp.row[c] = 0;
     const int k = kt + c * rows;
-    if (c < copies && k < k_end) {
+    if (k < k_end) {
       const int page = k / p.block_size;
       tp.row[c] = k - page * p.block_size;
       if (page < p.max_blocks_per_seq) {
@@ -401,67 +518,73 @@ __device__ __forceinline__ TilePages fetch_pages(const DecodeKernelParams& p, co
   return tp;
 }
 
-// Present keys of a tile as bits: a prefix of each present page's keys (up to the split's end).
-__device__ __forceinline__ uint64_t present_bits(const TilePages& tp, int kt, int k_end, int rows, int copies) {
+// Present keys of a tile as bits: a prefix of each present page's keys (up to the segment's end).
+template <int kCopies>
+__device__ __forceinline__ uint64_t present_bits(const TilePages<kCopies>& tp, int kt, int k_end) {
+  constexpr int rows = kTile / kCopies;
   uint64_t bits = 0;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    if (c >= copies || tp.blk[c] < 0) continue;
+  for (int c = 0; c < kCopies; ++c) {
+    if (tp.blk[c] < 0) continue;
     const int n = min(rows, k_end - (kt + c * rows));
     if (n > 0) bits |= (n >= 64 ? ~0ull : ((1ull << n) - 1)) << (c * rows);
   }
   return bits;
 }
 
-__device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUtensorMap* map, const CtaWork& w,
+// kCopies copies per 64-dim column block of a tile: 1 for pages of ≥ 64 keys, 2 for 32, 4 for 16.
+template <int kCopies>
+__device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUtensorMap* map, Segments segs,
                                         uint8_t* smem) {
+  constexpr int rows = kTile / kCopies;  // keys per copy
   const uint32_t kv = smem_addr(smem + Smem::kv);
   const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
   uint64_t* const ok = reinterpret_cast<uint64_t*>(smem + Smem::ok);
-  const int32_t* const bt_row = p.block_table + int64_t(w.seq) * p.block_table_stride;
-  const int rows = p.block_size < kTile ? p.block_size : kTile;  // keys per copy
-  const int copies = kTile / rows;                               // 1, 2 or 4
   // Keys are evicted first from L2 (evict-normal when row chunks share keys measured 1-4% slower at
   // 128 heads: the chunks of a split run side by side and meet their keys in L2 anyway).
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   // Copies of column blocks [c0, c1) of a tile into stage `st`, completing on the stage's full barriers.
-  auto copy_blocks = [&](const TilePages& tp, int st, int c0, int c1) {
+  auto copy_blocks = [&](const TilePages<kCopies>& tp, int st, int c0, int c1) {
     const uint32_t stage = kv + uint32_t(st * kTileBytes);
 #pragma unroll 1
     for (int c = c0; c < c1; ++c) {
       const uint32_t bar = bar_addr(full, st * kSubTiles + c);
       mbar_arrive_expect_tx(bar, kBlockBytes);
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        if (q < copies)
-          tma_load_3d(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, tp.row[q], tp.blk[q],
-                      policy);
+      for (int q = 0; q < kCopies; ++q)
+        tma_load_3d(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, tp.row[q], tp.blk[q], policy);
     }
   };
-  // Pairs of tiles (a in stage 0, b in stage 1). The four halves of a pair's stages are refilled in the
-  // order the consumers release them in the previous pair: a's columns 0-3 (after warpgroup 0's P_a·V_a,L),
-  // b's columns 4-8 (after warpgroup 1's P_b·V_b,R), a's columns 4-8 (after P_a·V_a,R, which waits for m_b),
+  // Pairs of tiles (a in stage 0, b in stage 1), numbered across the CTA's segments (g): the ring runs on
+  // from one segment into the next. The four halves of a pair's stages are refilled in the order the
+  // consumers release them in the previous pair: a's columns 0-3 (after warpgroup 0's P_a·V_a,L), b's
+  // columns 4-8 (after warpgroup 1's P_b·V_b,R), a's columns 4-8 (after P_a·V_a,R, which waits for m_b),
   // b's columns 0-3 (after P_b·V_b,L, last).
-  TilePages next_a = fetch_pages(p, bt_row, w.k_begin, w.k_end, rows, copies);
-  TilePages next_b = fetch_pages(p, bt_row, w.k_begin + kTile, w.k_end, rows, copies);
-  for (int i = 0; i < w.npairs; ++i) {
-    const int kt = w.k_begin + 2 * i * kTile;
-    const TilePages ta = next_a, tb = next_b;
-    next_a = fetch_pages(p, bt_row, kt + 2 * kTile, w.k_end, rows, copies);  // in flight while this pair waits
-    next_b = fetch_pages(p, bt_row, kt + 3 * kTile, w.k_end, rows, copies);
-    const uint32_t prev = uint32_t(i - 1) & 1;  // phase of the previous pair's releases
-    // A block id of -1 is out of the tensor map's range: the copy engine fills zeros (and counts the bytes).
-    if (i > 0) mbar_wait(bar_addr(empty, 0), prev);
-    ok[0] = present_bits(ta, kt, w.k_end, rows, copies);
-    copy_blocks(ta, 0, 0, 4);
-    if (i > 0) mbar_wait(bar_addr(empty, 3), prev);
-    copy_blocks(tb, 1, 4, kSubTiles);
-    if (i > 0) mbar_wait(bar_addr(empty, 1), prev);
-    copy_blocks(ta, 0, 4, kSubTiles);
-    if (i > 0) mbar_wait(bar_addr(empty, 2), prev);
-    ok[1] = present_bits(tb, kt + kTile, w.k_end, rows, copies);
-    copy_blocks(tb, 1, 0, 4);
+  int64_t g = 0;
+  CtaWork w;
+  while (segs.next(p, w)) {
+    const int32_t* const bt_row = p.block_table + int64_t(w.seq) * p.block_table_stride;
+    TilePages<kCopies> next_a = fetch_pages<kCopies>(p, bt_row, w.k_begin, w.k_end);
+    TilePages<kCopies> next_b = fetch_pages<kCopies>(p, bt_row, w.k_begin + kTile, w.k_end);
+    for (int i = 0; i < w.npairs; ++i, ++g) {
+      const int kt = w.k_begin + 2 * i * kTile;
+      const TilePages<kCopies> ta = next_a, tb = next_b;
+      next_a = fetch_pages<kCopies>(p, bt_row, kt + 2 * kTile, w.k_end);  // in flight while this pair waits
+      next_b = fetch_pages<kCopies>(p, bt_row, kt + 3 * kTile, w.k_end);
+      const uint32_t prev = uint32_t(g - 1) & 1;  // phase of the previous pair's releases
+      // A block id of -1 is out of the tensor map's range: the copy engine fills zeros (and counts the bytes).
+      if (g > 0) mbar_wait(bar_addr(empty, 0), prev);
+      ok[0] = present_bits(ta, kt, w.k_end);
+      copy_blocks(ta, 0, 0, 4);
+      if (g > 0) mbar_wait(bar_addr(empty, 3), prev);
+      copy_blocks(tb, 1, 4, kSubTiles);
+      if (g > 0) mbar_wait(bar_addr(empty, 1), prev);
+      copy_blocks(ta, 0, 4, kSubTiles);
+      if (g > 0) mbar_wait(bar_addr(empty, 2), prev);
+      ok[1] = present_bits(tb, kt + kTile, w.k_end);
+      copy_blocks(tb, 1, 0, 4);
+    }
   }
 }
 
@@ -471,23 +594,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;
 
-  CtaWork w;
+  Segments segs;
+  segs.balanced = p.parts > 0;
+  segs.rc = int(blockIdx.x % p.row_chunks);
   {
-    int64_t bid = blockIdx.x;
-    const int rc = int(bid % p.row_chunks);
-    bid /= p.row_chunks;
-    w.split = int(bid % p.max_splits);
-    w.seq = int(bid / p.max_splits);
-    w.row0 = rc * kRows;
-    w.len = clamped_len(p, w.seq);
-    const int n_max = int(sharding::local_len(w.len, p.shard.world, p.shard.rank, p.shard.interleave));
-    w.nsplits = cuda_plan::num_splits(n_max, p.split_len);
-    w.k_begin = w.split * p.split_len;
-    w.k_end = min(w.k_begin + p.split_len, n_max);
-    w.ntiles = w.k_end > w.k_begin ? (w.k_end - w.k_begin + kTile - 1) / kTile : 0;
-    w.npairs = (w.ntiles + 1) / 2;  // an odd count ends on an absent (zero-filled, masked) tile b
+    const int64_t rest = blockIdx.x / p.row_chunks;
+    segs.part = segs.balanced ? int(rest) : 0;
+    segs.split = segs.balanced ? 0 : int(rest % p.max_splits);
+    segs.seq = segs.balanced ? -1 : int(rest / p.max_splits);
   }
-  if (w.split >= w.nsplits) return;
+  if (!segs.balanced && segs.split >= cuda_plan::num_splits(local_keys(p, clamped_len(p, segs.seq)), p.split_len))
+    return;
 
   const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
   if (tid == 0) {
@@ -495,11 +612,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 4; ++i) mbar_init(bar_addr(empty, i), 8);  // one arrival per consumer warp
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
+  if (segs.balanced) segs.cur = balanced_start(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red));
   __syncthreads();
 
   if (wg == 2) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    if (tid == 2 * 128) produce(p, &kv_map, w, smem);
+    if (tid == 2 * 128) {
+      if (p.block_size >= kTile)
+        produce<1>(p, &kv_map, segs, smem);
+      else if (p.block_size == 32)
+        produce<2>(p, &kv_map, segs, smem);
+      else
+        produce<4>(p, &kv_map, segs, smem);
+    }
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
@@ -511,35 +636,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wi = (tid >> 5) & 3;  // warp within the warpgroup: rows 16·wi .. 16·wi + 15
   const int tid_in_wg = tid & 127;
 
-  // ---- query rows → q_s (rows past the sequence's R rows are zero) ----
-  for (int c = tid; c < kRows * kRowChunks; c += kConsumerThreads) {
-    const int r = c / kRowChunks, ch = c - r * kRowChunks;
-    const int grow = w.row0 + r;
-    const bool valid = grow < p.rows_per_seq;
-    const uint16_t* src = p.q;
-    if (valid) {
-      const int i = grow / p.num_heads, h = grow - i * p.num_heads;
-      src = p.q + q_elem(p, int64_t(w.seq) * p.q_len + i, h) + ch * 8;
-    }
-    const int cb = ch >> 3, cc = ch & 7;
-    cp_async_16(smem_addr(q_s + cb * kBlockBytes + r * 128 + ((cc ^ (r & 7)) << 4)), src, valid);
-  }
-  cp_async_commit();
-  cp_async_wait_all();
-  fence_proxy_async();
-  named_bar_sync(kBarConsumers, kConsumerThreads);
-
-  RowState st;
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    st.rs[e] = 16 * wi + (lane >> 2) + 8 * e;
-    const int grow = w.row0 + st.rs[e];
-    st.nvis[e] =
-        grow < p.rows_per_seq ? int(sharding::visible_local_keys(w.len, p.q_len, grow / p.num_heads, p.shard)) : 0;
-    st.m[e] = -INFINITY;
-    st.l[e] = 0.0f;
-  }
-
   const uint32_t kv_addr = smem_addr(kv_s);
   // Operand descriptors (low words; everything here is warp-uniform, and each warpgroup's branch below
   // adds only constants, so the descriptors stay in uniform registers).
@@ -550,227 +646,263 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t p_lo0 = kmajor_lo(kv_addr + 8 * kBlockBytes);   // P_a over the rope block of stage 0
   const uint32_t pb_lo = kmajor_lo(smem_addr(smem + Smem::pb));  // P_b in its own buffer
   const uint32_t v_lo0 = nmajor_lo(kv_addr);                     // values of stage 0, columns 0-255
-  // The tile whose last keys lie past the split's end (rows [tail_valid, 64) to zero), or -1.
-  const int tail_tile = (w.k_end - w.k_begin) % kTile ? w.ntiles - 1 : -1;
-  const int tail_valid = (w.k_end - w.k_begin) % kTile;
   const float scale = p.score_scale_log2;
 
-  // Accumulators are first written by the tensor cores (the first products overwrite them).
-  float o[128];
-  float s[32];
-  uint32_t pr[16];
+  // Segment by segment; g0 numbers the first pair of a segment across the CTA (the ring's phases). The
+  // barrier after each step of the cursor also keeps q_s and red from being written again before both
+  // warpgroups are past the last epilogue (its row sums read, its scores retired).
+  SegmentState* const seg = reinterpret_cast<SegmentState*>(smem + Smem::seg);
+  if (tid == 0) seg->segs = segs;
+  int64_t g0 = 0;
+  for (int k = 0;; ++k) {
+    if (tid == 0) seg->more[k & 1] = seg->segs.next(p, seg->w[k & 1]);
+    named_bar_sync(kBarConsumers, kConsumerThreads);
+    if (!seg->more[k & 1]) break;
+    const CtaWork& w = seg->w[k & 1];
+    const int npairs = w.npairs, k_begin = w.k_begin;
 
-  if (wg == 0) {
-    // ---- warpgroup 0: tiles a (stage 0), columns [0, 256) ----
-    if (w.npairs > 0) {  // scores of the first tile a
-      issue_scores<0, kSubTiles>(s, q_lo, k_lo0, full, 0, true);
-      wgmma_wait<0>();
-      fence_regs(s);
-    }
-    for (int i = 0; i < w.npairs; ++i) {
-      const bool more = i + 1 < w.npairs;
-      const uint32_t par = uint32_t(i) & 1;
-      float* const red_m = red + 128 * par;  // m_a and m_b of this pair: slots of its parity
-      float mx[2], m_a[2], alpha[2], m_b[2], beta[2];
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: this warpgroup never reads them
-      // m_a = max(m, rowmax S_a), published at once: warpgroup 1 holds S_b already and needs only m_a.
-      mask_scores(s, mx, ok, w.k_begin + 2 * i * kTile, st, scale, lane);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        m_a[e] = fmaxf(st.m[e], mx[e]);
-        alpha[e] = rescale_factor(st.m[e], m_a[e]);
-        st.l[e] *= alpha[e];
+    // ---- query rows → q_s (rows past the sequence's R rows are zero) ----
+    if (npairs > 0) {
+      for (int c = tid; c < kRows * kRowChunks; c += kConsumerThreads) {
+        const int r = c / kRowChunks, ch = c - r * kRowChunks;
+        const int grow = w.row0 + r;
+        const bool valid = grow < p.rows_per_seq;
+        const uint16_t* src = p.q;
+        if (valid) {
+          const int i = grow / p.num_heads, h = grow - i * p.num_heads;
+          src = p.q + q_elem(p, int64_t(w.seq) * p.q_len + i, h) + ch * 8;
+        }
+        const int cb = ch >> 3, cc = ch & 7;
+        cp_async_16(smem_addr(q_s + cb * kBlockBytes + r * 128 + ((cc ^ (r & 7)) << 4)), src, valid);
       }
-      if ((lane & 3) == 0) {
-        red_m[st.rs[0]] = m_a[0];
-        red_m[st.rs[1]] = m_a[1];
-      }
-      named_bar_arrive(kBarMa, kConsumerThreads);
-      // P_a = 2^(S_a − m_a); O_L = O_L·2^(m − m_a) + P_a·V_a,L (P_a from registers).
-      exponentiate(s, pr, m_a, scale, st.l);
-      if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 0, wg, tid_in_wg);
-      if (i > 0) rescale_rows(o, alpha);
-      wgmma_fence();
-      fence_regs(o);
-      fence_regs(pr);
-      issue_pv_regs(o, pr, v_lo0, i > 0);
-      wgmma_commit();
-      // m_b from warpgroup 1; P_a·2^(m_a − m_b) over the rope block of stage 0 for warpgroup 1.
-      named_bar_sync(kBarMb, kConsumerThreads);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        m_b[e] = red_m[64 + st.rs[e]];
-        beta[e] = rescale_factor(m_a[e], m_b[e]);
-        st.l[e] *= beta[e];
-        st.m[e] = m_b[e];
-      }
-      store_p(kv_s + 8 * kBlockBytes, s, beta, st, lane);
+      cp_async_commit();
+      cp_async_wait_all();
       fence_proxy_async();
-      named_bar_arrive(kBarPa, kConsumerThreads);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: only warpgroup 1 reads them now
-      wgmma_wait<0>();
-      fence_regs(o);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 0));  // stage 0, columns 0-3: P_a·V_a,L retired
-      // O_L ·= 2^(m_a − m_b), O_L += P_b·V_b,L (P_b from its own buffer, at m_b).
-      rescale_rows(o, beta);
-      named_bar_sync(kBarPb, kConsumerThreads);
-      if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 0, wg, tid_in_wg);
-      wgmma_fence();
-      fence_regs(o);
-      issue_pv_smem(o, pb_lo, v_lo0 + kStage, true);
-      wgmma_commit();
-#if MLADCP_SM90_SPLIT_SCORES
-      // Scores of the next tile a: column blocks 0-3 (refilled since P_a·V_a,L retired) queue right behind
-      // P_b·V_b,L, so this warpgroup's scores finish ahead of warpgroup 1's and its softmax overlaps their
-      // products; blocks 4-8 follow once P_b·V_b,L has retired and stage 1's columns 0-3 are released.
-      if (more) issue_scores<0, 4>(s, q_lo, k_lo0, full, par ^ 1, true);
-      wgmma_wait<4>();
-      fence_regs(o);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
-      if (more) issue_scores<4, 5>(s, q_lo, k_lo0, full, par ^ 1, false);
-      wgmma_wait<0>();
-      fence_regs(s);
-#else
-      wgmma_wait<0>();
-      fence_regs(o);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
-      if (more) {                                      // scores of the next tile a, for the next pair
-        issue_scores<0, kSubTiles>(s, q_lo, k_lo0, full, par ^ 1, true);
+      named_bar_sync(kBarConsumers, kConsumerThreads);
+    }
+
+    RowState st;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      st.rs[e] = 16 * wi + (lane >> 2) + 8 * e;
+      const int grow = w.row0 + st.rs[e];
+      st.nvis[e] =
+          grow < p.rows_per_seq ? int(sharding::visible_local_keys(w.len, p.q_len, grow / p.num_heads, p.shard)) : 0;
+      st.m[e] = -INFINITY;
+      st.l[e] = 0.0f;
+    }
+
+    // The tile whose last keys lie past the segment's end (rows [tail_valid, 64) to zero), or -1.
+    const int tail_valid = (w.k_end - k_begin) % kTile;
+    const int tail_tile = tail_valid ? w.ntiles - 1 : -1;
+
+    // Accumulators are first written by the tensor cores (the first products overwrite them).
+    float o[128];
+    float s[32];
+    uint32_t pr[16];
+
+    if (wg == 0) {
+      // ---- warpgroup 0: tiles a (stage 0), columns [0, 256) ----
+      if (npairs > 0) {  // scores of the first tile a
+        issue_scores<0>(s, q_lo, k_lo0, full, uint32_t(g0) & 1);
         wgmma_wait<0>();
         fence_regs(s);
       }
-#endif
-    }
-  } else {
-    // ---- warpgroup 1: tiles b (stage 1), columns [256, 512) ----
-    if (w.npairs > 0) {  // scores of the first tile b
-      issue_scores<4, kSubTiles>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), 0, true);
-      wgmma_wait<0>();
-      fence_regs(s);
-    }
-    for (int i = 0; i < w.npairs; ++i) {
-      const bool more = i + 1 < w.npairs;
-      const uint32_t par = uint32_t(i) & 1;
-      float* const red_m = red + 128 * par;
-      float mx[2], m_a[2], alpha[2], m_b[2], one[2] = {1.0f, 1.0f};
-      // m_b = max(m_a, rowmax S_b), published; O_R's scale moves once per pair, from m to m_b.
-      mask_scores(s, mx, ok + 1, w.k_begin + (2 * i + 1) * kTile, st, scale, lane);
-      __syncwarp();
-      if (lane == 0) {  // columns 0-3 of both stages: this warpgroup reads them no more in this pair
-        mbar_arrive(bar_addr(empty, 0));
-        mbar_arrive(bar_addr(empty, 2));
-      }
-      named_bar_sync(kBarMa, kConsumerThreads);
+      for (int i = 0; i < npairs; ++i) {
+        const bool more = i + 1 < npairs;
+        const uint32_t par = uint32_t(g0 + i) & 1;  // the pair's ring phase
+        float* const red_m = red + 128 * par;       // m_a and m_b of this pair: slots of its parity
+        float mx[2], m_a[2], alpha[2], m_b[2], beta[2];
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: this warpgroup never reads them
+        // m_a = max(m, rowmax S_a), published at once: warpgroup 1 holds S_b already and needs only m_a.
+        mask_scores(s, mx, ok, k_begin + 2 * i * kTile, st, scale, lane);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        m_a[e] = red_m[st.rs[e]];
-        m_b[e] = fmaxf(m_a[e], mx[e]);
-        alpha[e] = rescale_factor(st.m[e], m_b[e]);
-        st.l[e] *= alpha[e];
-        st.m[e] = m_b[e];
+        for (int e = 0; e < 2; ++e) {
+          m_a[e] = fmaxf(st.m[e], mx[e]);
+          alpha[e] = rescale_factor(st.m[e], m_a[e]);
+          st.l[e] *= alpha[e];
+        }
+        if ((lane & 3) == 0) {
+          red_m[st.rs[0]] = m_a[0];
+          red_m[st.rs[1]] = m_a[1];
+        }
+        named_bar_arrive(kBarMa, kConsumerThreads);
+        // P_a = 2^(S_a − m_a); O_L = O_L·2^(m − m_a) + P_a·V_a,L (P_a from registers).
+        exponentiate(s, pr, m_a, scale, st.l);
+        if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 0, wg, tid_in_wg);
+        if (i > 0) rescale_rows(o, alpha);
+        wgmma_fence();
+        fence_regs(o);
+        fence_regs(pr);
+        issue_pv_regs(o, pr, v_lo0, i > 0);
+        wgmma_commit();
+        // m_b from warpgroup 1; P_a·2^(m_a − m_b) over the rope block of stage 0 for warpgroup 1.
+        named_bar_sync(kBarMb, kConsumerThreads);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          m_b[e] = red_m[64 + st.rs[e]];
+          beta[e] = rescale_factor(m_a[e], m_b[e]);
+          st.l[e] *= beta[e];
+          st.m[e] = m_b[e];
+        }
+        store_p(kv_s + 8 * kBlockBytes, s, beta, st, lane);
+        fence_proxy_async();
+        named_bar_arrive(kBarPa, kConsumerThreads);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: only warpgroup 1 reads them now
+        wgmma_wait<0>();
+        fence_regs(o);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_addr(empty, 0));  // stage 0, columns 0-3: P_a·V_a,L retired
+        // O_L ·= 2^(m_a − m_b), O_L += P_b·V_b,L (P_b from its own buffer, at m_b).
+        rescale_rows(o, beta);
+        named_bar_sync(kBarPb, kConsumerThreads);
+        if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 0, wg, tid_in_wg);
+        wgmma_fence();
+        fence_regs(o);
+        issue_pv_smem(o, pb_lo, v_lo0 + kStage, true);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(o);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
+        if (more) {                                      // scores of the next tile a, for the next pair
+          issue_scores<0>(s, q_lo, k_lo0, full, par ^ 1);
+          wgmma_wait<0>();
+          fence_regs(s);
+        }
       }
-      if ((lane & 3) == 0) {
-        red_m[64 + st.rs[0]] = m_b[0];
-        red_m[64 + st.rs[1]] = m_b[1];
-      }
-      named_bar_arrive(kBarMb, kConsumerThreads);
-      // P_b = 2^(S_b − m_b); O_R = O_R·2^(m − m_b) + P_b·V_b,R (registers); P_b for warpgroup 0.
-      exponentiate(s, pr, m_b, scale, st.l);
-      if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 4, wg, tid_in_wg);
-      if (i > 0) rescale_rows(o, alpha);
-      wgmma_fence();
-      fence_regs(o);
-      fence_regs(pr);
-      issue_pv_regs(o, pr, v_lo0 + kStage + kHalf, i > 0);
-      wgmma_commit();
-      store_p(smem + Smem::pb, s, one, st, lane);
-      fence_proxy_async();
-      named_bar_arrive(kBarPb, kConsumerThreads);
-      // O_R += P_a·V_a,R once warpgroup 0 has stored P_a at m_b.
-      named_bar_sync(kBarPa, kConsumerThreads);
-      if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
-      wgmma_fence();
-      issue_pv_smem(o, p_lo0, v_lo0 + kHalf, true);
-      wgmma_commit();
-      wgmma_wait<1>();
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
-      wgmma_wait<0>();
-      fence_regs(o);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
-      if (more) {                                      // scores of the next tile b, for the next pair
-        issue_scores<4, kSubTiles>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1, true);
+    } else {
+      // ---- warpgroup 1: tiles b (stage 1), columns [256, 512) ----
+      if (npairs > 0) {  // scores of the first tile b
+        issue_scores<4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), uint32_t(g0) & 1);
         wgmma_wait<0>();
         fence_regs(s);
       }
+      for (int i = 0; i < npairs; ++i) {
+        const bool more = i + 1 < npairs;
+        const uint32_t par = uint32_t(g0 + i) & 1;  // the pair's ring phase
+        float* const red_m = red + 128 * par;
+        float mx[2], m_a[2], alpha[2], m_b[2], one[2] = {1.0f, 1.0f};
+        // m_b = max(m_a, rowmax S_b), published; O_R's scale moves once per pair, from m to m_b.
+        mask_scores(s, mx, ok + 1, k_begin + (2 * i + 1) * kTile, st, scale, lane);
+        __syncwarp();
+        if (lane == 0) {  // columns 0-3 of both stages: this warpgroup reads them no more in this pair
+          mbar_arrive(bar_addr(empty, 0));
+          mbar_arrive(bar_addr(empty, 2));
+        }
+        named_bar_sync(kBarMa, kConsumerThreads);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          m_a[e] = red_m[st.rs[e]];
+          m_b[e] = fmaxf(m_a[e], mx[e]);
+          alpha[e] = rescale_factor(st.m[e], m_b[e]);
+          st.l[e] *= alpha[e];
+          st.m[e] = m_b[e];
+        }
+        if ((lane & 3) == 0) {
+          red_m[64 + st.rs[0]] = m_b[0];
+          red_m[64 + st.rs[1]] = m_b[1];
+        }
+        named_bar_arrive(kBarMb, kConsumerThreads);
+        // P_b = 2^(S_b − m_b); O_R = O_R·2^(m − m_b) + P_b·V_b,R (registers); P_b for warpgroup 0.
+        exponentiate(s, pr, m_b, scale, st.l);
+        if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 4, wg, tid_in_wg);
+        if (i > 0) rescale_rows(o, alpha);
+        wgmma_fence();
+        fence_regs(o);
+        fence_regs(pr);
+        issue_pv_regs(o, pr, v_lo0 + kStage + kHalf, i > 0);
+        wgmma_commit();
+        store_p(smem + Smem::pb, s, one, st, lane);
+        fence_proxy_async();
+        named_bar_arrive(kBarPb, kConsumerThreads);
+        // O_R += P_a·V_a,R once warpgroup 0 has stored P_a at m_b.
+        named_bar_sync(kBarPa, kConsumerThreads);
+        if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
+        wgmma_fence();
+        issue_pv_smem(o, p_lo0, v_lo0 + kHalf, true);
+        wgmma_commit();
+        wgmma_wait<1>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
+        wgmma_wait<0>();
+        fence_regs(o);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
+        if (more) {                                      // scores of the next tile b, for the next pair
+          issue_scores<4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1);
+          wgmma_wait<0>();
+          fence_regs(s);
+        }
+      }
     }
-  }
-  wgmma_wait<0>();
-  fence_regs(o);
+    wgmma_wait<0>();
+    fence_regs(o);
+
+    // ---- row sums of both warpgroups ----
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], 1);
+      st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], 2);
+    }
+    if ((lane & 3) == 0) {
+      red[(4 + wg) * 64 + st.rs[0]] = st.l[0];
+      red[(4 + wg) * 64 + st.rs[1]] = st.l[1];
+    }
+    named_bar_sync(kBarConsumers, kConsumerThreads);
+
+    // ---- write: final output (one split) or the partial state (several) ----
+    const bool direct = w.direct;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = st.rs[hh];
+      const int grow = w.row0 + r;
+      if (grow >= p.rows_per_seq) continue;
+      const float l = red[256 + r] + red[320 + r];
+      const float m = st.m[hh];
+      const float lse2 = l > 0.0f ? m + log2f(l) : -INFINITY;
+      const float inv = l > 0.0f ? p.out_scale / l : 0.0f;
+      // Column pair j of this row, normalized (no tile: O was never written, the row is 0). O is only read
+      // here: a non-wgmma definition of an accumulator would serialize every wgmma of the kernel.
+      const bool none = w.ntiles == 0;
+      auto val = [&](int j) {
+        return make_float2(none ? 0.0f : o[4 * j + 2 * hh] * inv, none ? 0.0f : o[4 * j + 2 * hh + 1] * inv);
+      };
+      const int i = grow / p.num_heads, h = grow - i * p.num_heads;
+      const int64_t t = int64_t(w.seq) * p.q_len + i;
+      const int col0 = 256 * wg + 2 * (lane & 3);
+      if (direct) {
+        const int64_t ob = out_elem(p, t, h) + col0;
+        if (p.out_fp32) {
+          float* dst = static_cast<float*>(p.out) + ob;
+#pragma unroll
+          for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + j * 8) = val(j);
+        } else {
+          uint16_t* dst = static_cast<uint16_t*>(p.out) + ob;
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            const float2 v = val(j);
+            *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(v.x, v.y);
+          }
+        }
+        if (p.lse && wg == 0 && (lane & 3) == 0)
+          p.lse[lse_elem(p, t, h)] = lse::convert(lse2, LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
+      } else {
+        const int64_t state = w.state_block * p.rows_per_seq + grow;
+        float* dst = p.ws_o + state * kLatentDim + col0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + j * 8) = val(j);
+        if (wg == 0 && (lane & 3) == 0) p.ws_lse[state] = lse2;
+      }
+    }
+    if (w.record && tid == 0) p.ws_record[w.seq] = w.rec;
+    g0 += npairs;
+  }  // segments
   // The combine kernel (launched as a programmatic dependent) may start its prologue now; it waits for
   // this grid's completion before it reads any partial state.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-
-  // ---- row sums of both warpgroups ----
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], 1);
-    st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], 2);
-  }
-  if ((lane & 3) == 0) {
-    red[(4 + wg) * 64 + st.rs[0]] = st.l[0];
-    red[(4 + wg) * 64 + st.rs[1]] = st.l[1];
-  }
-  named_bar_sync(kBarConsumers, kConsumerThreads);
-
-  // ---- write: final output (one split) or the partial state (several) ----
-  const bool direct = w.nsplits == 1;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int r = st.rs[hh];
-    const int grow = w.row0 + r;
-    if (grow >= p.rows_per_seq) continue;
-    const float l = red[256 + r] + red[320 + r];
-    const float m = st.m[hh];
-    const float lse2 = l > 0.0f ? m + log2f(l) : -INFINITY;
-    const float inv = l > 0.0f ? p.out_scale / l : 0.0f;
-    if (w.ntiles == 0) {  // no tile: O was never written
-#pragma unroll
-      for (int j = 0; j < 32; ++j) o[4 * j + 2 * hh] = o[4 * j + 2 * hh + 1] = 0.0f;
-    }
-    const int i = grow / p.num_heads, h = grow - i * p.num_heads;
-    const int64_t t = int64_t(w.seq) * p.q_len + i;
-    const int col0 = 256 * wg + 2 * (lane & 3);
-    if (direct) {
-      const int64_t ob = out_elem(p, t, h) + col0;
-      if (p.out_fp32) {
-        float* dst = static_cast<float*>(p.out) + ob;
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
-      } else {
-        uint16_t* dst = static_cast<uint16_t*>(p.out) + ob;
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
-      }
-      if (p.lse && wg == 0 && (lane & 3) == 0)
-        p.lse[lse_elem(p, t, h)] = lse::convert(lse2, LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
-    } else {
-      const int64_t state = (int64_t(w.seq) * p.max_splits + w.split) * p.rows_per_seq + grow;
-      float* dst = p.ws_o + state * kLatentDim + col0;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
-      if (wg == 0 && (lane & 3) == 0) p.ws_lse[state] = lse2;
-    }
-  }
 }
 
 // cuTensorMapEncodeTiled from the driver, without linking libcuda.

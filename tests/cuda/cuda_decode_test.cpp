@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_backend.h"
 #include "cuda/cuda_test_util.h"
 
 namespace mladcp::test {
@@ -138,6 +139,11 @@ TEST(CudaSanitize, DecodeSmallShapes) {
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(24, 1, 64, {0, 5, 2100}, 12, DType::kFP8E4M3)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(64, 2, 32, {2, 200}, 13)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(16, 3, 64, {3, 150}, 14, DType::kBF16, {2, 1, 2})));
+  // The Hopper kernel's balanced schedule, forced (several sequences per part, a sequence over parts).
+  CudaBackendOptions o;
+  o.fill_schedule = cuda_plan::Schedule::kBalanced;
+  auto balanced = make_cuda_backend(o);
+  EXPECT_TRUE(matches_oracle_on_device(*balanced, config(64, 1, 32, {0, 3, 65, 700, 2}, 17)));
   auto single = single_stage_backend();
   EXPECT_TRUE(matches_oracle_on_device(*single, config(16, 1, 64, {2100}, 15)));
   EXPECT_TRUE(matches_oracle_on_device(*single, config(16, 1, 64, {150}, 16, DType::kFP8E4M3)));

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_backend.h"
 #include "cuda/cuda_test_util.h"
 #include "cuda/decode_plan.h"
 
@@ -80,6 +81,110 @@ TEST(SplitPolicyPlan, FillDeviceSplitsFewLongSequences) {
         }
 }
 
+// The balanced schedule (kFillDevice on the Hopper kernel), host arithmetic: every tile of every sequence
+// runs in exactly one part, once; every sequence has one merge record, and the records name exactly the
+// partial states its parts write (at most two per part, distinct slots).
+TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
+  uint64_t rng = 12345;
+  auto next = [&](int mod) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return int((rng >> 33) % uint64_t(mod));
+  };
+  for (int trial = 0; trial < 60; ++trial) {
+    const int num_seqs = 1 + next(trial < 30 ? 12 : 300);
+    std::vector<int> tiles(num_seqs);
+    for (int& t : tiles) t = next(4) == 0 ? 0 : (next(3) == 0 ? 1 + next(3) : next(trial % 2 ? 40 : 600));
+    int64_t total = 0;
+    for (int t : tiles) total += cuda_plan::balanced_cost(t);
+    for (int parts : {1, 2, 3, 7, 33, 66, 132, 1000}) {
+      SCOPED_TRACE("trial " + std::to_string(trial) + " seqs " + std::to_string(num_seqs) + " parts " +
+                   std::to_string(parts));
+      std::vector<std::vector<std::pair<int, int>>> covered(num_seqs);  // (part, piece index) per tile
+      std::vector<std::vector<int>> parts_of(num_seqs);
+      std::vector<std::vector<int64_t>> states_of(num_seqs);
+      std::vector<cuda_plan::BalancedRecord> rec(num_seqs, cuda_plan::BalancedRecord{-1, 0, 0, 0});
+      std::vector<int> records(num_seqs, 0), tile_runs(num_seqs, 0);
+      for (int part = 0; part < parts; ++part) {
+        // The kernel's start: the sequence whose positions hold the part's first position.
+        const int64_t per = (total + parts - 1) / parts, begin = int64_t(part) * per;
+        int first = -1;
+        int64_t pos = 0, first_pos = 0;
+        for (int s = 0; s < num_seqs && begin < total; ++s) {
+          const int64_t c = cuda_plan::balanced_cost(tiles[s]);
+          if (pos <= begin && begin < pos + c) {
+            first = s;
+            first_pos = pos;
+            break;
+          }
+          pos += c;
+        }
+        cuda_plan::BalancedCursor cur =
+            cuda_plan::balanced_cursor(part, parts, int(total), first, int(first_pos), num_seqs);
+        cuda_plan::BalancedPiece pc;
+        std::vector<cuda_plan::BalancedPiece> pieces;
+        while (cur.next(
+            num_seqs, [&](int s) { return tiles[s]; }, pc))
+          pieces.push_back(pc);
+        int slot_used[2] = {0, 0};
+        for (size_t i = 0; i < pieces.size(); ++i) {
+          const cuda_plan::BalancedPiece& q = pieces[i];
+          ASSERT_GE(q.seq, 0);
+          ASSERT_LT(q.seq, num_seqs);
+          if (i > 0) EXPECT_GT(q.seq, pieces[i - 1].seq) << "pieces in sequence order";
+          parts_of[q.seq].push_back(part);
+          if (!q.whole) {
+            EXPECT_TRUE(i == 0 || i + 1 == pieces.size()) << "only a part's first or last piece is partial";
+            ++slot_used[q.slot];
+            states_of[q.seq].push_back(int64_t(part) * 2 + q.slot);
+          }
+          if (q.first) {
+            ++records[q.seq];
+            rec[q.seq] = {part, q.parts, q.slot, 0};
+          }
+          EXPECT_LE(q.tile_begin, q.tile_end);
+          EXPECT_LE(q.tile_end, tiles[q.seq]);
+          if (tiles[q.seq] > 0) EXPECT_LT(q.tile_begin, q.tile_end) << "a piece holds at least one tile";
+          for (int t = q.tile_begin; t < q.tile_end; ++t) covered[q.seq].push_back({part, int(i)});
+          ++tile_runs[q.seq];
+        }
+        EXPECT_LE(slot_used[0], 1);
+        EXPECT_LE(slot_used[1], 1);
+      }
+      for (int s = 0; s < num_seqs; ++s) {
+        SCOPED_TRACE("seq " + std::to_string(s) + " tiles " + std::to_string(tiles[s]));
+        EXPECT_EQ(int(covered[s].size()), tiles[s]) << "every tile exactly once";
+        EXPECT_EQ(records[s], 1) << "one merge record";
+        ASSERT_FALSE(parts_of[s].empty());
+        EXPECT_EQ(rec[s].first_part, parts_of[s].front());
+        EXPECT_EQ(rec[s].parts, int(parts_of[s].size()));
+        for (size_t k = 1; k < parts_of[s].size(); ++k) EXPECT_EQ(parts_of[s][k], parts_of[s][k - 1] + 1);
+        if (parts_of[s].size() == 1) {
+          EXPECT_TRUE(states_of[s].empty()) << "a sequence inside one part is written directly";
+        } else {
+          ASSERT_EQ(states_of[s].size(), parts_of[s].size());
+          for (size_t k = 0; k < states_of[s].size(); ++k)  // what the combine kernel reads
+            EXPECT_EQ(states_of[s][k], int64_t(rec[s].first_part + int(k)) * 2 + (k == 0 ? rec[s].slot : 0));
+        }
+      }
+    }
+  }
+  // The plan: one wave of CTAs, records and two partial-state slots per part in the workspace.
+  MlaDecodeParams p = plan_params(16, 128, 1, 65536);
+  const cuda_plan::DecodePlan b = cuda_plan::make_plan(p, 132, 64, cuda_plan::Schedule::kAuto);
+  EXPECT_EQ(b.parts, 66);
+  EXPECT_EQ(b.grid, 132);
+  EXPECT_GE(b.workspace_bytes, size_t(66) * 2 * 128 * (kLatentDim + 1) * 4 + 16 * sizeof(cuda_plan::BalancedRecord));
+  p.split_policy = SplitPolicy::kBatchInvariant;  // batch invariance keeps fixed splits
+  EXPECT_EQ(cuda_plan::make_plan(p, 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
+  // One wave, or whole sequences per CTA, keep the split plan: 64 × 4K (one 4096-key split per sequence),
+  // 128 × 1K (two waves of whole sequences), 8 × 4K (one wave of 512-key splits).
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 128, 1, 4096), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(128, 128, 1, 1024), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(8, 128, 1, 4096), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(32, 128, 1, 16384), 132, 64, cuda_plan::Schedule::kAuto).parts, 66);
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 64, 1, 8192), 132, 64, cuda_plan::Schedule::kAuto).parts, 132);
+}
+
 // ---- oracle ---------------------------------------------------------------------------------------
 
 // fp32 out + natural LSE and bf16 out + base-2 LSE under kFillDevice, sentinel-guarded.
@@ -122,6 +227,7 @@ void expect_more_splits(Backend& cuda, const synthetic::Config& cfg) {
 struct Case {
   std::string name;
   synthetic::Config cfg;
+  bool finer = true;  // kFillDevice needs more workspace than kBatchInvariant (more, shorter splits)
 };
 
 // What gtest prints for a failing parameter: the case name and its shape, not the struct's bytes.
@@ -130,9 +236,9 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name << " (" << describ
 std::vector<Case> fill_cases() {
   std::vector<Case> cases;
   uint64_t seed = 700;
-  auto add = [&](std::string name, synthetic::Config c) {
+  auto add = [&](std::string name, synthetic::Config c, bool finer = true) {
     c.seed = ++seed;
-    cases.push_back({std::move(name), std::move(c)});
+    cases.push_back({std::move(name), std::move(c), finer});
   };
   add("one_seq_h16", config(16, 1, 64, {3000}, 0));
   add("one_seq_h128", config(128, 1, 64, {5000}, 0));  // 2 row chunks of 64 (the Hopper kernel on sm_90)
@@ -146,6 +252,14 @@ std::vector<Case> fill_cases() {
         add("dcp_w2_i" + std::to_string(il) + "_r" + std::to_string(r) + "_q" + std::to_string(q),
             config(128, q, 64, {q, 40, 6000}, 0, DType::kBF16, {2, r, il}));
   add("dcp_w4_i1_r3_fp8", config(16, 2, 64, {2, 9000}, 0, DType::kFP8E4M3, {4, 3, 1}));
+  // Many sequences of mixed lengths (empty, one key, tile edges, long): on Hopper the balanced schedule
+  // puts several sequences in one part and spreads the long ones over several, on pages of 64, 32, 16.
+  const std::vector<int> mixed = {0, 1, 63, 64, 65, 700, 0, 2049, 130, 4100, 5, 0, 333, 9000, 64, 1500, 2, 0, 6500};
+  add("mixed_h64_bs64", config(64, 1, 64, mixed, 0), false);
+  std::vector<int> mixed_q2 = mixed;  // a non-empty sequence holds at least its q_len new tokens
+  for (int& l : mixed_q2) l = l == 1 ? 2 : l;
+  add("mixed_h128_q2_bs32", config(128, 2, 32, mixed_q2, 0), false);
+  add("mixed_h32_bs16", config(32, 1, 16, mixed, 0), false);
   return cases;
 }
 
@@ -154,8 +268,16 @@ class SplitPolicyOracle : public ::testing::TestWithParam<Case> {};
 TEST_P(SplitPolicyOracle, FillDeviceMatchesReference) {
   MLADCP_SKIP_WITHOUT_GPU();
   auto cuda = make_backend("cuda");
-  expect_more_splits(*cuda, GetParam().cfg);
+  if (GetParam().finer) expect_more_splits(*cuda, GetParam().cfg);
   EXPECT_TRUE(fill_matches_oracle(*cuda, GetParam().cfg));
+  // Both schedules of the Hopper kernel whatever the automatic choice (elsewhere the option is ignored).
+  for (const cuda_plan::Schedule schedule : {cuda_plan::Schedule::kSplits, cuda_plan::Schedule::kBalanced}) {
+    CudaBackendOptions o;
+    o.fill_schedule = schedule;
+    auto forced = make_cuda_backend(o);
+    EXPECT_TRUE(fill_matches_oracle(*forced, GetParam().cfg))
+        << (schedule == cuda_plan::Schedule::kBalanced ? "balanced" : "splits") << " schedule";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SplitPolicyOracle, ::testing::ValuesIn(fill_cases()),

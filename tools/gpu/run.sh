@@ -7,7 +7,8 @@
 #   on the GPU machine:  tools/gpu/run.sh [stage...]        stages: build test bench sanitize (default: all),
 #                                                           peers (FlashMLA side by side, see below),
 #                                                           profile (Nsight Compute on three configurations),
-#                                                           variants (compile-time variants of the Hopper kernel)
+#                                                           variants (compile-time variants of the Hopper kernel),
+#                                                           peerprofile (Nsight Compute on FlashMLA's split kernel and mladcp's)
 #
 # peers: FlashMLA, a measuring instrument kept outside the project, side by side in the same call. Here:
 #   cp -a ../shared/peers .peers && echo /.peers/ >> .git/info/exclude     (then carry ".peers")
@@ -23,6 +24,7 @@
 #   MLADCP_GPU_BUDGET_S      seconds the whole script may take (default 540); later stages get what is left
 #   MLADCP_PEERS_MLADCP_ONLY=1  peers stage without FlashMLA (iterations; a recorded ratio needs both)
 #   MLADCP_GPU_PROFILE_CONFIGS  profile stage configurations (H,B,CTX,QLEN,KV ...)
+#   MLADCP_PEERPROFILE_CONFIGS  peerprofile stage: configs.txt lines, one per line (default 128 h × 16 × 64K)
 #   MLADCP_GPU_VARIANTS      variants stage: "NAME=-DMACRO=V[,-DMACRO2=V2] ..." (Hopper kernel rebuilt per variant)
 #   MLADCP_GPU_NCCL=ON       build the NCCL communicator too (the Python module's DcpDecoder tests use it)
 set -uo pipefail
@@ -157,7 +159,7 @@ if want peers; then
     : >"$out/peers.log"
   fi
   for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
-    timeout "$(cap 200 10)" "$bin/mladcp_peer_bench" --configs "$cfgs" --policies default,invariant,nolse \
+    timeout "$(cap 200 10)" "$bin/mladcp_peer_bench" --configs "$cfgs" --policies default,invariant,nolse,splits,balanced \
       >>"$out/peers.log" 2>&1
     note "peers: mladcp on $cfgs rc $?"
   done
@@ -215,6 +217,35 @@ if want profile; then
       "$bin/mladcp_gpu_bench" --only "$cfg" --reps 3 --warmup 2 --no-ceilings >>"$out/profile.log" 2>&1
     note "profile $cfg: rc $?"
   done
+fi
+
+if want peerprofile; then
+  # Nsight Compute on FlashMLA's split kernel and on mladcp's, same configuration, same sections, one file
+  # (FlashMLA built here unless the peers stage did). Configurations: lines of the peers' configs.txt.
+  ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)"
+  sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
+    --section WarpStateStats --section InstructionStats --section SchedulerStats --section LaunchStats
+    --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second)
+  : >"$out/peerprofile.log"
+  if ! ls .peers/flashmla/flash_mla/cuda*.so >/dev/null 2>&1; then
+    timeout "$(cap 300 60)" bash .peers/build_flashmla.sh >>"$out/peerprofile.log" 2>&1
+    note "peerprofile: FlashMLA build rc $?"
+  fi
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    cfg="$(mktemp)"
+    echo "$line" >"$cfg"
+    echo "## $line: FlashMLA" >>"$out/peerprofile.log"
+    timeout "$(cap 120 5)" "$ncu_bin" --clock-control none -k regex:flash_fwd_splitkv_mla --launch-skip 2 --launch-count 1 \
+      "${sections[@]}" python3 .peers/bench_flashmla.py --configs "$cfg" --reps 2 --warmup 1 >>"$out/peerprofile.log" 2>&1
+    note "peerprofile FlashMLA $line: rc $?"
+    echo "## $line: mladcp" >>"$out/peerprofile.log"
+    timeout "$(cap 120 5)" "$ncu_bin" --clock-control none -k regex:'mla_decode_s(plit|m90)' --launch-skip 2 --launch-count 1 \
+      "${sections[@]}" "$bin/mladcp_peer_bench" --configs "$cfg" --policies default --reps 2 --warmup 1 \
+      >>"$out/peerprofile.log" 2>&1
+    note "peerprofile mladcp $line: rc $?"
+    rm -f "$cfg"
+  done <<<"${MLADCP_PEERPROFILE_CONFIGS:-public 128 16 1 65536 fixed}"
 fi
 
 {
