@@ -15,13 +15,15 @@ time that Python adds (argument handling, the tensor crossing, the binding's che
   _decode(6 capsules)       the binding's generic entry, each tensor as a torch._C._to_dlpack capsule
   6 x torch._C._to_dlpack   creating (and freeing) the six capsules alone
   op decode_out             torch.ops.mladcp.decode_out (the dispatcher's path)
-Lines of the exchange path are left out where torch has no DLPack C exchange API (or mladcp predates it).
+Lines of the exchange path are left out where torch has no DLPack C exchange API (or mladcp predates it) and
+under MLADCP_NO_DLPACK_C_API=1 (every line then takes the capsule path, as before the exchange path).
 
 Usage: host_overhead_parts.py [--device cpu|cuda] [--batch 0] [--heads 16] [--context 64] [--number 2000]
        [--rounds 15] [--json FILE]
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import timeit
@@ -74,7 +76,7 @@ def main():
     }
     toggle = getattr(fw, "use_torch_exchange", None)  # absent before the exchange path: capsules only
     fw.torch_module()
-    exchange = toggle is not None and toggle(True)
+    exchange = toggle is not None and not os.environ.get("MLADCP_NO_DLPACK_C_API") and toggle(True)
     if not exchange:
         lines = {k: (fn, False) for k, (fn, on) in lines.items() if "_decode_torch" not in k and "capsule path" not in k}
     decode(q, kv, bt, sl, softmax_scale=scale, out=out, lse=lse)  # backend, workspace
@@ -92,7 +94,8 @@ def main():
     sync()
     med = {k: statistics.median(v) for k, v in samples.items()}
     print(f"device {dev}, mladcp {mladcp.__version__}, torch {torch.__version__}, q [{B}, {H}, 576], context {L}, "
-          f"{args.rounds} rounds x {args.number} calls, median us per call")
+          f"{args.rounds} rounds x {args.number} calls, median us per call, "
+          f"torch tensors through {'the DLPack C exchange API' if exchange else 'capsules'}")
     print("| call | us | - cpp us |")
     print("|---|---|---|")
     for k, v in med.items():
