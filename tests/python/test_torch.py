@@ -310,3 +310,58 @@ def test_bad_torch_inputs_raise_the_same_on_both_paths(rng, exchange):
         assert k1 is not str and k1 != "ok", (over, m1)
         assert (k1, m1) == (k2, m2), over
         assert (out == 3.0).all() and (lse == 3.0).all(), over
+
+
+def test_without_a_usable_exchange_api_decode_takes_the_capsule_path(rng, monkeypatch):
+    """A torch without __dlpack_c_exchange_api__ (before 2.10), or with a table the binding cannot read, leaves
+    _decode_torch unset: decode and the ops take the capsule path and compute the same."""
+    import os
+    import types
+
+    from mladcp import _frameworks as fw
+
+    C = mladcp._mladcp
+    case = make_case(rng, batch=2, heads=8, lens=(40, 5), block_size=16)
+    q, kv, bt, sl = as_torch(case)
+    ref_out, ref_lse = reference(case)
+    try:
+        # torch.Tensor as a torch without the attribute would have it
+        monkeypatch.setattr(fw, "_TorchTensor", types.new_class("TensorWithoutExchangeApi"))
+        assert fw.use_torch_exchange(True) is False
+        monkeypatch.undo()
+        assert fw._decode_torch is None and not C._torch_exchange_ready()
+        # tables the binding refuses: none, a null or foreign address, a capsule of another name
+        for api in (None, 0, "x", 1.5, torch._C._to_dlpack(torch.empty(0))):
+            assert C._set_torch_exchange(torch.Tensor, api) is False, api
+            assert not C._torch_exchange_ready()
+        assert C._set_torch_exchange(None, None) is False
+        out, lse = mladcp.decode(q, kv, bt, sl, softmax_scale=case.scale, out_dtype="fp32")
+        np.testing.assert_allclose(out.numpy(), ref_out, atol=2e-2)
+        np.testing.assert_allclose(lse.numpy(), ref_lse, atol=1e-4)
+        o2, l2 = torch.ops.mladcp.decode(q, kv, bt, sl, case.scale, 1, 1.0, "e", "", 1, 0, 1, "", 0, "fp32")
+        assert torch.equal(o2, out) and torch.equal(l2, lse)
+    finally:
+        monkeypatch.undo()
+        fw.use_torch_exchange(not os.environ.get("MLADCP_NO_DLPACK_C_API"))
+
+
+def test_exchange_path_at_import_follows_torch_and_the_environment():
+    """Importing mladcp with torch turns the exchange path on where torch has the API, and
+    MLADCP_NO_DLPACK_C_API=1 keeps it off."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch, mladcp; from mladcp import _frameworks as fw; "
+            "print(fw._decode_torch is not None, mladcp._mladcp._torch_exchange_ready(), "
+            "hasattr(torch.Tensor, '__dlpack_c_exchange_api__') or hasattr(torch.Tensor, '__c_dlpack_exchange_api__'))")
+    env = {k: v for k, v in os.environ.items() if k != "MLADCP_NO_DLPACK_C_API"}
+    lines = []
+    for extra in ({}, {"MLADCP_NO_DLPACK_C_API": "1"}):
+        p = subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr
+        lines.append(p.stdout.split())
+    has_api = lines[0][2] == "True"
+    assert lines[0][:2] == [str(has_api)] * 2
+    assert lines[1][:2] == ["False", "False"]
