@@ -304,6 +304,7 @@ int run_calibrate(const Args& a) {
   // The cuda backend runs sequences of more rows than this on the Hopper kernel (sm_90).
   cal.device.two_per_sm_max_rows =
       dev.compute_major == 9 && dev.compute_minor == 0 ? cuda_plan::kPortableMaxRowsOnHopper : 32;
+  cal.device.balanced_schedule = dev.compute_major == 9 && dev.compute_minor == 0;
   plan::PerfModel check;
   die(plan::PerfModel::create(cal, &check), "the measured calibration");
   std::ofstream(a.calibrate) << plan::calibration_to_json(cal);

@@ -9,7 +9,7 @@
 // with events right around the call (device time only); the median. One key cache, no rotation.
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
-//                          [--policies default,invariant,fill,nolse,splits,balanced] [--hot-pages N]
+//                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all] [--hot-pages N]
 // --hot-pages N: every block-table entry names one of N pages (the keys stay in L2; an experiment that
 // separates the kernel's own schedule from its key loads, not a peer configuration).
 // Output per configuration and policy:
@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
-                   "[--policies default,invariant,fill,nolse,splits,balanced] [--hot-pages N]\n",
+                   "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all] [--hot-pages N]\n",
                    argv[0]);
       return 2;
     }
@@ -227,6 +227,10 @@ int main(int argc, char** argv) {
   const std::unique_ptr<mladcp::Backend> splits = mladcp::make_cuda_backend(opt);
   opt.fill_schedule = mladcp::cuda_plan::Schedule::kBalanced;
   const std::unique_ptr<mladcp::Backend> balanced = mladcp::make_cuda_backend(opt);
+  // Every bf16 call on the Hopper kernel, 16 query rows included (the default keeps them on the portable one).
+  mladcp::CudaBackendOptions all;
+  all.portable_max_rows_on_hopper = 0;
+  const std::unique_ptr<mladcp::Backend> hopper_all = mladcp::make_cuda_backend(all);
   std::vector<Policy> policies;
   std::stringstream ps(policies_arg);
   for (std::string name; std::getline(ps, name, ',');) {
@@ -242,8 +246,10 @@ int main(int argc, char** argv) {
       policies.push_back({"mladcp-splits", true, mladcp::SplitPolicy::kFillDevice, true, splits.get()});
     else if (name == "balanced")
       policies.push_back({"mladcp-balanced", true, mladcp::SplitPolicy::kFillDevice, true, balanced.get()});
+    else if (name == "hopper-all")
+      policies.push_back({"mladcp-hopper-all", true, mladcp::SplitPolicy::kFillDevice, true, hopper_all.get()});
     else {
-      std::fprintf(stderr, "--policies: '%s' is not default, invariant, fill, nolse, splits or balanced\n",
+      std::fprintf(stderr, "--policies: '%s' is not default, invariant, fill, nolse, splits, balanced or hopper-all\n",
                    name.c_str());
       return 2;
     }

@@ -95,6 +95,9 @@ struct DeviceParams {
   // Most rows per sequence that run the portable 16/32-row CTAs, two per SM (32; 16 where the Hopper
   // kernel takes 17 rows and more). Optional in the file; 32 when absent.
   int two_per_sm_max_rows = 32;
+  // kFillDevice takes the balanced schedule on the 64-row kernel where its split plan would run several
+  // waves of several splits (the Hopper kernel; cuda_plan::make_plan). Optional in the file; false when absent.
+  bool balanced_schedule = false;
 };
 
 struct Calibration {

@@ -129,7 +129,7 @@ KernelChoice choose_kernel(const MlaDecodeParams& p, const DeviceState& dev, con
   KernelChoice k;
   const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
   k.sm90 = opt.hopper_kernel && !opt.single_stage && dev.sm90 && !fp8 && p.num_blocks >= 1 &&
-           p.num_heads * p.q_len > cuda_plan::kPortableMaxRowsOnHopper &&
+           p.num_heads * p.q_len > opt.portable_max_rows_on_hopper &&
            cuda_impl::sm90_decode_block_size_ok(p.block_size);
   if (k.sm90) {
     k.rows_per_cta = 64;
@@ -211,6 +211,7 @@ class CudaBackend final : public Backend {
     k.split_len = plan.split_len;
     k.max_splits = plan.max_splits;
     k.parts = plan.parts;
+    k.whole_short = plan.whole_short;
     k.kv_stages = kc.kv_stages;
     k.sm90 = kc.sm90;
     k.q = static_cast<const uint16_t*>(p.q);

@@ -18,6 +18,9 @@ struct CudaBackendOptions {
   // kFillDevice's schedule on the Hopper kernel (decode_plan.h): kAuto chooses; kSplits and kBalanced
   // force one (tests of both, side-by-side comparisons).
   cuda_plan::Schedule fill_schedule = cuda_plan::Schedule::kAuto;
+  // Sequences of at most this many query rows keep the portable kernel on Hopper (comparisons: 0 sends every
+  // bf16 call with pages the copies handle to the Hopper kernel).
+  int portable_max_rows_on_hopper = cuda_plan::kPortableMaxRowsOnHopper;
   bool single_stage = false;  // true: the single-buffered portable pipeline (the layout of devices with
                               // less shared memory), so that it can be tested on any device
 };

@@ -15,6 +15,7 @@ struct DecodeKernelParams {
   int num_seqs = 0, q_len = 1, num_heads = 0, head_group_size = 1;
   int rows_per_seq = 0, rows_per_cta = 16, row_chunks = 0, split_len = 0, max_splits = 1;
   int parts = 0;      // > 0: the balanced schedule of the Hopper kernel (decode_plan.h), grid parts · row_chunks
+  bool whole_short = false;  // balanced: sequences of at most one part's positions are never cut
   int kv_stages = 2;  // 2: double-buffered key tiles; 1: single buffer (devices with less shared memory)
   bool sm90 = false;  // 64-row bf16 CTAs run the Hopper kernel (sm90_decode.h) instead of the portable one
 

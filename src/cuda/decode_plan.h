@@ -18,6 +18,7 @@
 // workspace and a combine kernel merges them with lse::Combiner.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -141,6 +142,7 @@ struct BalancedRecord {
 struct BalancedCursor {
   int part = 0;
   int per_part = 1, begin = 0, end = 0;  // T; positions [begin, end) of this part
+  bool whole_short = false;              // sequences of at most T positions are never cut (see below)
   int seq = 0;                           // next sequence to look at
   int pos = 0;                           // its first position
   int count = 0;                         // pieces returned so far
@@ -149,10 +151,26 @@ struct BalancedCursor {
   MLADCP_HD bool next(int num_seqs, const TilesOf& tiles_of, BalancedPiece& out) {
     while (seq < num_seqs) {
       const int n = int(tiles_of(seq));
-      const int w0 = pos + kBalancedOverheadTiles, w1 = pos + int(balanced_cost(n));
-      if (w0 >= end) return false;  // this and every later sequence start past the part
+      const int cost = int(balanced_cost(n));
+      const int p0 = pos, w0 = pos + kBalancedOverheadTiles, w1 = pos + cost;
+      if (p0 >= end) return false;  // this and every later sequence start past the part
       const int s = seq++;
       pos = w1;
+      if (whole_short && cost <= per_part) {
+        // Whole: the part holding the sequence's middle position runs all of it (a part then holds whole
+        // sequences only, except where a longer one is cut: it can only be the part's first or last).
+        const int mid = p0 + cost / 2;
+        if (mid < begin || mid >= end) continue;
+        out.seq = s;
+        out.tile_begin = 0;
+        out.tile_end = n;
+        out.whole = true;
+        out.slot = 0;
+        out.first = true;
+        out.parts = 1;
+        ++count;
+        return true;
+      }
       const int lo = w0 > begin ? w0 : begin, hi = w1 < end ? w1 : end;
       if (lo >= hi) continue;  // only this sequence's overhead positions lie in the part
       out.seq = s;
@@ -171,9 +189,11 @@ struct BalancedCursor {
 
 // The cursor of part `part` of `parts` over `total` positions, starting at sequence first_seq (first
 // position first_pos) or, with first_seq < 0 (the part lies past the work), at nothing.
-MLADCP_HD BalancedCursor balanced_cursor(int part, int parts, int total, int first_seq, int first_pos, int num_seqs) {
+MLADCP_HD BalancedCursor balanced_cursor(int part, int parts, int total, int first_seq, int first_pos, int num_seqs,
+                                         bool whole_short) {
   BalancedCursor c;
   c.part = part;
+  c.whole_short = whole_short;
   c.per_part = (total + parts - 1) / parts;
   if (c.per_part < 1) c.per_part = 1;
   c.begin = part * c.per_part;
@@ -187,13 +207,14 @@ MLADCP_HD BalancedCursor balanced_cursor(int part, int parts, int total, int fir
 enum class Schedule { kSplits, kAuto, kBalanced };
 
 struct DecodePlan {
-  int rows_per_seq = 0;   // H · q_len
-  int rows_per_cta = 16;  // 16, 32 or 64
-  int row_chunks = 0;     // ceil(rows_per_seq / rows_per_cta)
-  int split_len = 0;      // local keys per split
-  int max_splits = 1;     // splits of the longest possible sequence (from max_seq_len)
-  int64_t grid = 0;       // CTAs of the split kernel
-  int parts = 0;          // > 0: the balanced schedule (grid = parts · row_chunks), else splits of split_len
+  int rows_per_seq = 0;      // H · q_len
+  int rows_per_cta = 16;     // 16, 32 or 64
+  int row_chunks = 0;        // ceil(rows_per_seq / rows_per_cta)
+  int split_len = 0;         // local keys per split
+  int max_splits = 1;        // splits of the longest possible sequence (from max_seq_len)
+  int64_t grid = 0;          // CTAs of the split kernel
+  int parts = 0;             // > 0: the balanced schedule (grid = parts · row_chunks), else splits of split_len
+  bool whole_short = false;  // balanced: sequences of at most one part's positions are never cut
   size_t ws_record_offset = 0, ws_lse_offset = 0, ws_o_offset = 0;
   size_t workspace_bytes = 0;  // 0 when no sequence can have two splits
 };
@@ -222,11 +243,16 @@ inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta
   // waves' fixed costs and the partial states of many short splits dominate there); a plan of one wave, or
   // of whole sequences per CTA, stays: the balanced parts, cut across sequences, would add partial states
   // and a combine to it (measured slower on 128 heads × 64 × 4K and × 128 × 1K: docs/perf).
-  const bool pays = plan.grid > wave_ctas && plan.max_splits > 1;
+  // Whole sequences: a batch of k ≥ 1 sequences per part with ceil(k) / k ≤ 1.1 (lengths assumed alike) puts
+  // whole sequences on each part, as evenly as cutting them would, without partial states (128 heads × 128 × 1K:
+  // two sequences per part instead of two waves).
+  const int64_t parts = std::max<int64_t>(1, wave_ctas / plan.row_chunks);
+  const bool whole = p.num_seqs >= parts && 10 * ((p.num_seqs + parts - 1) / parts) * parts <= 11 * int64_t(p.num_seqs);
+  const bool pays = (plan.grid > wave_ctas && plan.max_splits > 1) || whole;
   if (p.split_policy == SplitPolicy::kFillDevice && wave_ctas > 0 && most_positions < (int64_t(1) << 30) &&
       (balanced == Schedule::kBalanced || (balanced == Schedule::kAuto && pays))) {
-    const int64_t parts = wave_ctas / plan.row_chunks;
-    plan.parts = int(parts < 1 ? 1 : parts);
+    plan.parts = int(parts);
+    plan.whole_short = whole;
     plan.grid = int64_t(plan.parts) * plan.row_chunks;
     plan.split_len = kSplitTokens;
     plan.max_splits = 1;

@@ -382,7 +382,7 @@ __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p,
   const int first_seq = int(scratch[kWarps]);
   const int64_t first_pos = first_seq >= 0 ? scratch[kWarps + 1] : 0;
   __syncthreads();  // scratch is the consumers' reduction buffer afterwards
-  return cuda_plan::balanced_cursor(part, p.parts, int(total), first_seq, int(first_pos), p.num_seqs);
+  return cuda_plan::balanced_cursor(part, p.parts, int(total), first_seq, int(first_pos), p.num_seqs, p.whole_short);
 }
 
 // The consumers' segments in shared memory (one thread advances them; live registers stay free for the

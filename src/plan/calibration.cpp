@@ -77,6 +77,7 @@ Status parse_root(const Fields& root, Calibration* cal) {
   MLADCP_RETURN_IF_ERROR(dev.integer_as("base_split_keys", 1, kMaxInt, &cal->device.base_split_keys));
   MLADCP_RETURN_IF_ERROR(dev.integer_as("rows_per_cta", 1, 4096, &cal->device.rows_per_cta));
   MLADCP_RETURN_IF_ERROR(dev.integer_as("two_per_sm_max_rows", 0, 32, &cal->device.two_per_sm_max_rows, false));
+  MLADCP_RETURN_IF_ERROR(dev.boolean("balanced_schedule", &cal->device.balanced_schedule, false));
 
   size_t n = 0;
   MLADCP_RETURN_IF_ERROR(root.array("kernel", &n));
@@ -252,7 +253,8 @@ std::string calibration_to_json(const Calibration& cal) {
                        {"memory_gb", cal.device.memory_gb},
                        {"base_split_keys", cal.device.base_split_keys},
                        {"rows_per_cta", cal.device.rows_per_cta},
-                       {"two_per_sm_max_rows", cal.device.two_per_sm_max_rows}}},
+                       {"two_per_sm_max_rows", cal.device.two_per_sm_max_rows},
+                       {"balanced_schedule", cal.device.balanced_schedule}}},
                      {"kernel", kernel},
                      {"merge", merge},
                      {"step_overhead_us", {{"a2a", cal.step_overhead_a2a_us}, {"ag-rs", cal.step_overhead_ag_rs_us}}},

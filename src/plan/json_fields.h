@@ -73,6 +73,14 @@ class Fields {
     *out = x;
     return Status::Ok();
   }
+  // true or false; absent and not required: *out is left as it is.
+  Status boolean(const std::string& key, bool* out, bool required = true) const {
+    if (!has(key)) return required ? Status::InvalidArgument(where(key) + ": missing (true or false)") : Status::Ok();
+    const nlohmann::json& v = j_.at(key);
+    if (!v.is_boolean()) return Status::InvalidArgument(where(key) + ": expected true or false, got " + v.dump());
+    *out = v.get<bool>();
+    return Status::Ok();
+  }
   template <typename Int>
   Status integer_as(const std::string& key, int64_t lo, int64_t hi, Int* out, bool required = true) const {
     int64_t x = static_cast<int64_t>(*out);

@@ -96,77 +96,81 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
     for (int& t : tiles) t = next(4) == 0 ? 0 : (next(3) == 0 ? 1 + next(3) : next(trial % 2 ? 40 : 600));
     int64_t total = 0;
     for (int t : tiles) total += cuda_plan::balanced_cost(t);
-    for (int parts : {1, 2, 3, 7, 33, 66, 132, 1000}) {
-      SCOPED_TRACE("trial " + std::to_string(trial) + " seqs " + std::to_string(num_seqs) + " parts " +
-                   std::to_string(parts));
-      std::vector<std::vector<std::pair<int, int>>> covered(num_seqs);  // (part, piece index) per tile
-      std::vector<std::vector<int>> parts_of(num_seqs);
-      std::vector<std::vector<int64_t>> states_of(num_seqs);
-      std::vector<cuda_plan::BalancedRecord> rec(num_seqs, cuda_plan::BalancedRecord{-1, 0, 0, 0});
-      std::vector<int> records(num_seqs, 0), tile_runs(num_seqs, 0);
-      for (int part = 0; part < parts; ++part) {
-        // The kernel's start: the sequence whose positions hold the part's first position.
-        const int64_t per = (total + parts - 1) / parts, begin = int64_t(part) * per;
-        int first = -1;
-        int64_t pos = 0, first_pos = 0;
-        for (int s = 0; s < num_seqs && begin < total; ++s) {
-          const int64_t c = cuda_plan::balanced_cost(tiles[s]);
-          if (pos <= begin && begin < pos + c) {
-            first = s;
-            first_pos = pos;
-            break;
+    for (int parts : {1, 2, 3, 7, 33, 66, 132, 1000})
+      for (bool whole_short : {false, true}) {
+        SCOPED_TRACE("trial " + std::to_string(trial) + " seqs " + std::to_string(num_seqs) + " parts " +
+                     std::to_string(parts) + (whole_short ? " whole_short" : ""));
+        std::vector<std::vector<std::pair<int, int>>> covered(num_seqs);  // (part, piece index) per tile
+        std::vector<std::vector<int>> parts_of(num_seqs);
+        std::vector<std::vector<int64_t>> states_of(num_seqs);
+        std::vector<cuda_plan::BalancedRecord> rec(num_seqs, cuda_plan::BalancedRecord{-1, 0, 0, 0});
+        std::vector<int> records(num_seqs, 0), tile_runs(num_seqs, 0);
+        for (int part = 0; part < parts; ++part) {
+          // The kernel's start: the sequence whose positions hold the part's first position.
+          const int64_t per = (total + parts - 1) / parts, begin = int64_t(part) * per;
+          int first = -1;
+          int64_t pos = 0, first_pos = 0;
+          for (int s = 0; s < num_seqs && begin < total; ++s) {
+            const int64_t c = cuda_plan::balanced_cost(tiles[s]);
+            if (pos <= begin && begin < pos + c) {
+              first = s;
+              first_pos = pos;
+              break;
+            }
+            pos += c;
           }
-          pos += c;
+          cuda_plan::BalancedCursor cur =
+              cuda_plan::balanced_cursor(part, parts, int(total), first, int(first_pos), num_seqs, whole_short);
+          cuda_plan::BalancedPiece pc;
+          std::vector<cuda_plan::BalancedPiece> pieces;
+          while (cur.next(
+              num_seqs, [&](int s) { return tiles[s]; }, pc))
+            pieces.push_back(pc);
+          int slot_used[2] = {0, 0};
+          for (size_t i = 0; i < pieces.size(); ++i) {
+            const cuda_plan::BalancedPiece& q = pieces[i];
+            ASSERT_GE(q.seq, 0);
+            ASSERT_LT(q.seq, num_seqs);
+            if (i > 0) EXPECT_GT(q.seq, pieces[i - 1].seq) << "pieces in sequence order";
+            parts_of[q.seq].push_back(part);
+            if (!q.whole) {
+              EXPECT_TRUE(i == 0 || i + 1 == pieces.size()) << "only a part's first or last piece is partial";
+              ++slot_used[q.slot];
+              states_of[q.seq].push_back(int64_t(part) * 2 + q.slot);
+            }
+            if (q.first) {
+              ++records[q.seq];
+              rec[q.seq] = {part, q.parts, q.slot, 0};
+            }
+            EXPECT_LE(q.tile_begin, q.tile_end);
+            EXPECT_LE(q.tile_end, tiles[q.seq]);
+            if (tiles[q.seq] > 0) EXPECT_LT(q.tile_begin, q.tile_end) << "a piece holds at least one tile";
+            for (int t = q.tile_begin; t < q.tile_end; ++t) covered[q.seq].push_back({part, int(i)});
+            ++tile_runs[q.seq];
+          }
+          EXPECT_LE(slot_used[0], 1);
+          EXPECT_LE(slot_used[1], 1);
         }
-        cuda_plan::BalancedCursor cur =
-            cuda_plan::balanced_cursor(part, parts, int(total), first, int(first_pos), num_seqs);
-        cuda_plan::BalancedPiece pc;
-        std::vector<cuda_plan::BalancedPiece> pieces;
-        while (cur.next(
-            num_seqs, [&](int s) { return tiles[s]; }, pc))
-          pieces.push_back(pc);
-        int slot_used[2] = {0, 0};
-        for (size_t i = 0; i < pieces.size(); ++i) {
-          const cuda_plan::BalancedPiece& q = pieces[i];
-          ASSERT_GE(q.seq, 0);
-          ASSERT_LT(q.seq, num_seqs);
-          if (i > 0) EXPECT_GT(q.seq, pieces[i - 1].seq) << "pieces in sequence order";
-          parts_of[q.seq].push_back(part);
-          if (!q.whole) {
-            EXPECT_TRUE(i == 0 || i + 1 == pieces.size()) << "only a part's first or last piece is partial";
-            ++slot_used[q.slot];
-            states_of[q.seq].push_back(int64_t(part) * 2 + q.slot);
+        for (int s = 0; s < num_seqs; ++s) {
+          SCOPED_TRACE("seq " + std::to_string(s) + " tiles " + std::to_string(tiles[s]));
+          EXPECT_EQ(int(covered[s].size()), tiles[s]) << "every tile exactly once";
+          EXPECT_EQ(records[s], 1) << "one merge record";
+          ASSERT_FALSE(parts_of[s].empty());
+          EXPECT_EQ(rec[s].first_part, parts_of[s].front());
+          const int64_t per = (total + parts - 1) / parts;
+          if (whole_short && cuda_plan::balanced_cost(tiles[s]) <= per)
+            EXPECT_EQ(parts_of[s].size(), 1u) << "never cut";
+          EXPECT_EQ(rec[s].parts, int(parts_of[s].size()));
+          for (size_t k = 1; k < parts_of[s].size(); ++k) EXPECT_EQ(parts_of[s][k], parts_of[s][k - 1] + 1);
+          if (parts_of[s].size() == 1) {
+            EXPECT_TRUE(states_of[s].empty()) << "a sequence inside one part is written directly";
+          } else {
+            ASSERT_EQ(states_of[s].size(), parts_of[s].size());
+            for (size_t k = 0; k < states_of[s].size(); ++k)  // what the combine kernel reads
+              EXPECT_EQ(states_of[s][k], int64_t(rec[s].first_part + int(k)) * 2 + (k == 0 ? rec[s].slot : 0));
           }
-          if (q.first) {
-            ++records[q.seq];
-            rec[q.seq] = {part, q.parts, q.slot, 0};
-          }
-          EXPECT_LE(q.tile_begin, q.tile_end);
-          EXPECT_LE(q.tile_end, tiles[q.seq]);
-          if (tiles[q.seq] > 0) EXPECT_LT(q.tile_begin, q.tile_end) << "a piece holds at least one tile";
-          for (int t = q.tile_begin; t < q.tile_end; ++t) covered[q.seq].push_back({part, int(i)});
-          ++tile_runs[q.seq];
         }
-        EXPECT_LE(slot_used[0], 1);
-        EXPECT_LE(slot_used[1], 1);
       }
-      for (int s = 0; s < num_seqs; ++s) {
-        SCOPED_TRACE("seq " + std::to_string(s) + " tiles " + std::to_string(tiles[s]));
-        EXPECT_EQ(int(covered[s].size()), tiles[s]) << "every tile exactly once";
-        EXPECT_EQ(records[s], 1) << "one merge record";
-        ASSERT_FALSE(parts_of[s].empty());
-        EXPECT_EQ(rec[s].first_part, parts_of[s].front());
-        EXPECT_EQ(rec[s].parts, int(parts_of[s].size()));
-        for (size_t k = 1; k < parts_of[s].size(); ++k) EXPECT_EQ(parts_of[s][k], parts_of[s][k - 1] + 1);
-        if (parts_of[s].size() == 1) {
-          EXPECT_TRUE(states_of[s].empty()) << "a sequence inside one part is written directly";
-        } else {
-          ASSERT_EQ(states_of[s].size(), parts_of[s].size());
-          for (size_t k = 0; k < states_of[s].size(); ++k)  // what the combine kernel reads
-            EXPECT_EQ(states_of[s][k], int64_t(rec[s].first_part + int(k)) * 2 + (k == 0 ? rec[s].slot : 0));
-        }
-      }
-    }
   }
   // The plan: one wave of CTAs, records and two partial-state slots per part in the workspace.
   MlaDecodeParams p = plan_params(16, 128, 1, 65536);
@@ -177,9 +181,15 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
   p.split_policy = SplitPolicy::kBatchInvariant;  // batch invariance keeps fixed splits
   EXPECT_EQ(cuda_plan::make_plan(p, 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
   // One wave, or whole sequences per CTA, keep the split plan: 64 × 4K (one 4096-key split per sequence),
-  // 128 × 1K (two waves of whole sequences), 8 × 4K (one wave of 512-key splits).
+  // 8 × 4K (one wave of 512-key splits).
   EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 128, 1, 4096), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
-  EXPECT_EQ(cuda_plan::make_plan(plan_params(128, 128, 1, 1024), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
+  // 128 × 1K: 128 sequences over 66 parts, two whole sequences per part (no partial state) instead of two waves.
+  const cuda_plan::DecodePlan w =
+      cuda_plan::make_plan(plan_params(128, 128, 1, 1024), 132, 64, cuda_plan::Schedule::kAuto);
+  EXPECT_EQ(w.parts, 66);
+  EXPECT_TRUE(w.whole_short);
+  EXPECT_FALSE(cuda_plan::make_plan(plan_params(16, 128, 1, 65536), 132, 64, cuda_plan::Schedule::kAuto).whole_short);
+  EXPECT_FALSE(cuda_plan::make_plan(plan_params(80, 128, 1, 65536), 132, 64, cuda_plan::Schedule::kAuto).whole_short);
   EXPECT_EQ(cuda_plan::make_plan(plan_params(8, 128, 1, 4096), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
   EXPECT_EQ(cuda_plan::make_plan(plan_params(32, 128, 1, 16384), 132, 64, cuda_plan::Schedule::kAuto).parts, 66);
   EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 64, 1, 8192), 132, 64, cuda_plan::Schedule::kAuto).parts, 132);
@@ -260,6 +270,10 @@ std::vector<Case> fill_cases() {
   for (int& l : mixed_q2) l = l == 1 ? 2 : l;
   add("mixed_h128_q2_bs32", config(128, 2, 32, mixed_q2, 0), false);
   add("mixed_h32_bs16", config(32, 1, 16, mixed, 0), false);
+  // 132 short sequences at 128 heads: two per part on an H200, never cut (the balanced schedule's whole mode).
+  std::vector<int> many(132);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = int((i * 37) % 301);
+  add("many_h128_whole", config(128, 1, 64, many, 0), false);
   return cases;
 }
 

@@ -344,7 +344,8 @@ TEST(PlanModel, FitRecoversASyntheticModel) {
 // The grid the model sees is the cuda backend's default plan: one split of 4096 keys for 64 sequences of
 // 4K at 128 heads (one wave of 128 CTAs), 16-row CTAs two per SM.
 TEST(PlanModel, KernelGridFollowsTheSplitPlan) {
-  const DeviceParams dev = shipped().device;
+  DeviceParams dev = shipped().device;
+  dev.balanced_schedule = false;  // the split plan (KernelGridFollowsTheBalancedSchedule: the other)
   KernelGrid g = kernel_grid(dev, 128, 1, 64, 4096);
   EXPECT_EQ(g.splits, 1);
   EXPECT_EQ(g.ctas, 128);
@@ -369,6 +370,24 @@ TEST(PlanModel, KernelGridFollowsTheRowsOfThePortableKernel) {
   EXPECT_EQ(kernel_grid(dev, 32, 1, 128, 4096, DType::kFP8E4M3).wave_ctas, 2 * dev.sms);
   dev.two_per_sm_max_rows = 32;
   EXPECT_EQ(kernel_grid(dev, 32, 1, 128, 4096, DType::kBF16).wave_ctas, 2 * dev.sms);
+}
+
+// balanced_schedule (Hopper): where the split plan runs several waves of several splits, one wave of parts ×
+// row chunks, a few partial states per sequence; one-wave plans and fp8 keep the splits.
+TEST(PlanModel, KernelGridFollowsTheBalancedSchedule) {
+  DeviceParams dev = shipped().device;
+  dev.two_per_sm_max_rows = 16;
+  dev.balanced_schedule = false;
+  KernelGrid g = kernel_grid(dev, 128, 1, 16, 65536, DType::kBF16);
+  EXPECT_EQ(g.ctas, 16 * 2 * 32);  // 32 splits of 2048 keys × 2 row chunks × 16 sequences
+  dev.balanced_schedule = true;
+  g = kernel_grid(dev, 128, 1, 16, 65536, DType::kBF16);
+  EXPECT_EQ(g.ctas, dev.sms / 2 * 2);
+  EXPECT_EQ(g.waves(), 1);
+  EXPECT_GE(g.splits, 2);
+  EXPECT_LE(g.splits, 6);  // 66 parts over 16 sequences: about 4 parts each, plus one at a boundary
+  EXPECT_EQ(kernel_grid(dev, 128, 1, 64, 4096, DType::kBF16).ctas, 128);       // one wave of whole sequences
+  EXPECT_GT(kernel_grid(dev, 128, 1, 16, 65536, DType::kFP8E4M3).waves(), 1);  // fp8: the portable kernel
 }
 
 // ---- Bad input -----------------------------------------------------------------------------------

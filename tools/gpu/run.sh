@@ -23,6 +23,7 @@
 #   MLADCP_GPU_BENCH_ARGS    extra arguments of mladcp_gpu_bench (e.g. --quick)
 #   MLADCP_GPU_BUDGET_S      seconds the whole script may take (default 540); later stages get what is left
 #   MLADCP_PEERS_MLADCP_ONLY=1  peers stage without FlashMLA (iterations; a recorded ratio needs both)
+#   MLADCP_PEER_POLICIES     peers stage: mladcp_peer_bench --policies (default default,invariant,nolse,splits,balanced)
 #   MLADCP_GPU_PROFILE_CONFIGS  profile stage configurations (H,B,CTX,QLEN,KV ...)
 #   MLADCP_PEERPROFILE_CONFIGS  peerprofile stage: configs.txt lines, one per line (default 128 h × 16 × 64K)
 #   MLADCP_GPU_VARIANTS      variants stage: "NAME=-DMACRO=V[,-DMACRO2=V2] ..." (Hopper kernel rebuilt per variant)
@@ -159,7 +160,7 @@ if want peers; then
     : >"$out/peers.log"
   fi
   for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
-    timeout "$(cap 200 10)" "$bin/mladcp_peer_bench" --configs "$cfgs" --policies default,invariant,nolse,splits,balanced \
+    timeout "$(cap 200 10)" "$bin/mladcp_peer_bench" --configs "$cfgs" --policies "${MLADCP_PEER_POLICIES:-default,invariant,nolse,splits,balanced}" \
       >>"$out/peers.log" 2>&1
     note "peers: mladcp on $cfgs rc $?"
   done
