@@ -39,6 +39,9 @@ from .api import (
 )
 from .compat import flash_mla_with_kvcache, get_mla_metadata, trtllm_batch_decode_with_kv_cache_mla
 from .dcp import DcpDecoder, nccl_library
+from . import _frameworks as _fw
+
+_fw.torch_module()  # with torch imported: registers its DLPack C exchange API for decode (no capsules)
 
 __version__: str = _mladcp.__version__
 cuda_built: bool = _mladcp.cuda_built

@@ -5,10 +5,13 @@ framework (torch, numpy, cupy).
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Sequence
 
 import numpy as np
+
+from . import _mladcp as _C
 
 _torch = None  # the torch module once imported by anyone
 _raw_stream = None  # torch._C._cuda_getCurrentRawStream when present
@@ -16,6 +19,10 @@ _TorchTensor = None  # torch.Tensor (exact type) once torch is imported
 _torch_to_dlpack = None  # torch._C._to_dlpack: a DLPack capsule without Tensor.__dlpack__'s Python checks
 _torch_fp8 = None  # torch.float8_e4m3fn, exported as uint8 bits (DLPack's fp8 codes are recent in torch)
 _torch_u8 = None
+# _mladcp._decode_torch once torch.Tensor's DLPack C exchange API (torch 2.10 and later) is registered: the
+# decode entry that reads torch tensors without capsules. None: the capsule path. MLADCP_NO_DLPACK_C_API=1
+# keeps it off.
+_decode_torch = None
 
 
 def torch_module():
@@ -30,7 +37,24 @@ def torch_module():
             _torch_to_dlpack = getattr(getattr(t, "_C", None), "_to_dlpack", None)
             _torch_fp8 = getattr(t, "float8_e4m3fn", None)
             _torch_u8 = t.uint8
+            use_torch_exchange(not os.environ.get("MLADCP_NO_DLPACK_C_API"))
     return _torch
+
+
+def use_torch_exchange(enable: bool = True) -> bool:
+    """Turns the capsule-free torch path of decode on (when torch offers its DLPack C exchange API) or off;
+    returns whether it is on. Both paths check and compute the same; the exchange API saves the capsules."""
+    global _decode_torch
+    api = None
+    if enable and _TorchTensor is not None:
+        api = getattr(_TorchTensor, "__dlpack_c_exchange_api__", None)
+        if api is None:
+            api = getattr(_TorchTensor, "__c_dlpack_exchange_api__", None)  # the name of its first release
+    ok = api is not None and _C._set_torch_exchange(_TorchTensor, api)
+    if not ok:
+        _C._set_torch_exchange(None, None)
+    _decode_torch = _C._decode_torch if ok else None
+    return ok
 
 
 def to_dl_plain(x: Any) -> Any:

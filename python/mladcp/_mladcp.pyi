@@ -72,6 +72,18 @@ def num_virtual_blocks(global_len: int, block_size: int, world: int) -> int: ...
 
 def _decode(q: Annotated[NDArray, dict(writable=False)], kv_cache: Annotated[NDArray, dict(writable=False)], block_table: Annotated[NDArray, dict(writable=False)], seq_lens: Annotated[NDArray, dict(writable=False)], out: NDArray, lse: NDArray | None, softmax_scale: float, q_len: int, kv_scale: float, lse_base: str, backend: str, shard: Shard, split_policy: str, max_seq_len: int, stream: int, check_block_ids: bool) -> None: ...
 
+def _decode_torch(q: object | None, kv_cache: object | None, block_table: object | None, seq_lens: object | None, out: object | None, lse: object | None, softmax_scale: object | None, q_len: object | None, kv_scale: object | None, lse_base: object | None, backend: object | None, shard: object | None, split_policy: object | None, max_seq_len: object | None, stream: object | None, check_block_ids: object | None) -> bool:
+    """
+    decode() for torch tensors through torch's DLPack C exchange API; False (nothing done) when an argument is not what it takes
+    """
+
+def _set_torch_exchange(tensor_type: object | None, api: object | None) -> bool:
+    """
+    Registers torch.Tensor's __dlpack_c_exchange_api__ for _decode_torch; False when unusable
+    """
+
+def _torch_exchange_ready() -> bool: ...
+
 def _time_cpp_decode(q: Annotated[NDArray, dict(writable=False)], kv_cache: Annotated[NDArray, dict(writable=False)], block_table: Annotated[NDArray, dict(writable=False)], seq_lens: Annotated[NDArray, dict(writable=False)], out: NDArray, lse: NDArray | None, softmax_scale: float, q_len: int, backend: str, stream: int, iters: int) -> float: ...
 
 def _merge(outs: Annotated[NDArray, dict(writable=False)], lses: Annotated[NDArray, dict(writable=False)], out: NDArray, out_lse: NDArray | None, lse_base: str, out_lse_base: str, stream: int) -> None: ...

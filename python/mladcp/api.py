@@ -67,20 +67,18 @@ def decode(
     Raises ValueError (bad shapes, dtypes, strides, devices, values), NotImplementedError (the backend
     cannot do it) or RuntimeError; nothing is written then.
     """
+    if out is None or lse is True or lse is False:
+        out, lse = _decode_outputs(q, out, lse, out_dtype)
+    fast = fw._decode_torch
+    if fast is not None and (stream is None or type(stream) is int) and fast(
+        q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend, shard,
+        split_policy, max_seq_len, stream, check_block_ids,
+    ):
+        # torch tensors, read through torch's DLPack C exchange API. False: not all torch tensors, or an
+        # argument of another type (kv_scale other than None, float or int, ...): the paths below.
+        return out, lse
     if fw._torch is None:
         fw.torch_module()
-    if out is None:
-        nd = getattr(q, "ndim", 0)
-        if nd not in (3, 4):
-            raise ValueError(f"invalid_argument: q: {nd} dimensions; expected [T, H, 576] or [B, q_len, H, 576]")
-        dt = out_dtype or fw.default_out_dtype(q)
-        if dt not in ("bf16", "fp32"):
-            raise ValueError(f"invalid_argument: out_dtype={dt!r}: accepted 'bf16' or 'fp32'")
-        out = fw.empty_like_framework(q, tuple(q.shape[:-1]) + (512,), dt)
-    if lse is True:
-        lse = fw.empty_like_framework(q, tuple(q.shape[:-1]), "fp32")
-    elif lse is False:
-        lse = None
     if kv_scale is None:
         kv_scale = 1.0
     elif not isinstance(kv_scale, (float, int)):
@@ -106,6 +104,25 @@ def decode(
         dl(q), fw.to_dl(kv_cache), dl(block_table), dl(seq_lens), dl(out), dl(lse), softmax_scale, q_len, kv_scale,
         lse_base, backend or "", shard, split_policy or "", max_seq_len, fw.stream_arg(stream, q), check_block_ids,
     )
+    return out, lse
+
+
+def _decode_outputs(q: Any, out: Any, lse: Any, out_dtype: Optional[str]) -> Tuple[Any, Any]:
+    """decode's out (allocated like q when None) and lse (allocated when True, None when False)."""
+    if fw._torch is None:
+        fw.torch_module()
+    if out is None:
+        nd = getattr(q, "ndim", 0)
+        if nd not in (3, 4):
+            raise ValueError(f"invalid_argument: q: {nd} dimensions; expected [T, H, 576] or [B, q_len, H, 576]")
+        dt = out_dtype or fw.default_out_dtype(q)
+        if dt not in ("bf16", "fp32"):
+            raise ValueError(f"invalid_argument: out_dtype={dt!r}: accepted 'bf16' or 'fp32'")
+        out = fw.empty_like_framework(q, tuple(q.shape[:-1]) + (512,), dt)
+    if lse is True:
+        lse = fw.empty_like_framework(q, tuple(q.shape[:-1]), "fp32")
+    elif lse is False:
+        lse = None
     return out, lse
 
 

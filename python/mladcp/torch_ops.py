@@ -18,6 +18,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import _frameworks as _fw
 from . import _mladcp as _C
 
 
@@ -83,12 +84,21 @@ _SCHEMAS = {
 }
 
 
+def _run(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend, shard,
+         split_policy, max_seq_len):
+    fast = _fw._decode_torch  # torch's DLPack C exchange API when registered (no capsules), else capsules
+    if fast is None or not fast(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base,
+                                backend, shard, split_policy, max_seq_len, None, True):
+        _C._decode(_dl(q), _dl(kv_cache), _dl(block_table), _dl(seq_lens), _dl(out), _dl(lse), softmax_scale, q_len,
+                   kv_scale, lse_base, backend, shard, split_policy, max_seq_len, _stream(q), True)
+
+
 def _decode(q, kv_cache, block_table, seq_lens, softmax_scale, q_len, kv_scale, lse_base, backend, world, rank,
             interleave, split_policy, max_seq_len, out_dtype):
     out = torch.empty(q.shape[:-1] + (512,), dtype=_out_dtype(out_dtype), device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    _C._decode(_dl(q), _dl(kv_cache), _dl(block_table), _dl(seq_lens), _dl(out), _dl(lse), softmax_scale, q_len,
-               kv_scale, lse_base, backend, _shard(world, rank, interleave), split_policy, max_seq_len, _stream(q), True)
+    _run(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend,
+         _shard(world, rank, interleave), split_policy, max_seq_len)
     return out, lse
 
 
@@ -100,8 +110,8 @@ def _decode_fake(q, kv_cache, block_table, seq_lens, softmax_scale, q_len, kv_sc
 
 def _decode_out(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend,
                 world, rank, interleave, split_policy, max_seq_len):
-    _C._decode(_dl(q), _dl(kv_cache), _dl(block_table), _dl(seq_lens), _dl(out), _dl(lse), softmax_scale, q_len,
-               kv_scale, lse_base, backend, _shard(world, rank, interleave), split_policy, max_seq_len, _stream(q), True)
+    _run(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend,
+         _shard(world, rank, interleave), split_policy, max_seq_len)
 
 
 def _decode_out_fake(q, kv_cache, block_table, seq_lens, out, lse, softmax_scale, q_len, kv_scale, lse_base, backend,

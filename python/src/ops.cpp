@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common.h"
@@ -55,9 +56,9 @@ void check_size(const View& v, int dim, int64_t want, const char* what) {
                   std::to_string(v.shape[dim]) + " but " + what + " is " + std::to_string(want));
 }
 
-LseBase lse_base_arg(const std::string& s, const char* name) {
+LseBase lse_base_arg(std::string_view s, const char* name) {
   auto b = parse_lse_base(s);
-  if (!b) throw_invalid(std::string(name) + "='" + s + "': accepted 'e' (natural log) or '2' (log2)");
+  if (!b) throw_invalid(std::string(name) + "='" + std::string(s) + "': accepted 'e' (natural log) or '2' (log2)");
   return *b;
 }
 
@@ -69,11 +70,22 @@ DecodeCall parse_decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_
                         const MutTensor& out_t, const std::optional<MutTensor>& lse_t, float softmax_scale, int q_len,
                         float kv_scale, const std::string& lse_base, const DcpShard& shard,
                         const std::string& split_policy, int64_t max_seq_len, bool check_block_ids) {
+  const View q = view_of("q", q_t), kv = view_of("kv_cache", kv_t), bt = view_of("block_table", bt_t),
+             sl = view_of("seq_lens", sl_t), out = view_of("out", out_t);
+  View lse;
+  if (lse_t) lse = view_of("lse", *lse_t);
+  return parse_decode(q, kv, bt, sl, out, lse_t ? &lse : nullptr, softmax_scale, q_len, kv_scale, lse_base, shard,
+                      split_policy, max_seq_len, check_block_ids);
+}
+
+DecodeCall parse_decode(const View& q, const View& kv, const View& bt, const View& sl, const View& out,
+                        const View* lse_v, float softmax_scale, int q_len, float kv_scale, std::string_view lse_base,
+                        const DcpShard& shard, std::string_view split_policy, int64_t max_seq_len,
+                        bool check_block_ids) {
   const char* q_shape = "[T, H, 576] or [B, q_len, H, 576]";
   const char* out_shape = "[T, H, 512] or [B, q_len, H, 512]";
-  View q = view_of("q", q_t), kv = view_of("kv_cache", kv_t), bt = view_of("block_table", bt_t),
-       sl = view_of("seq_lens", sl_t), out = view_of("out", out_t), lse;
-  if (lse_t) lse = view_of("lse", *lse_t);
+  const bool lse_t = lse_v != nullptr;
+  const View& lse = lse_t ? *lse_v : q;  // read only when lse_t
   if (q_len < 1 || q_len > kMaxQLen)
     throw_invalid("q_len=" + std::to_string(q_len) + ": accepted 1.." + std::to_string(kMaxQLen));
 
@@ -162,7 +174,8 @@ DecodeCall parse_decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_
   p.lse_base = lse_base_arg(lse_base, "lse_base");
   p.shard = shard;
   auto policy = parse_split_policy(split_policy);
-  if (!policy) throw_invalid("split_policy='" + split_policy + "': accepted 'invariant' (default) or 'fill'");
+  if (!policy)
+    throw_invalid("split_policy='" + std::string(split_policy) + "': accepted 'invariant' (default) or 'fill'");
   p.split_policy = *policy;
   p.check_block_ids = check_block_ids;
   if (max_seq_len < 0 || max_seq_len > INT32_MAX)
@@ -178,20 +191,15 @@ DecodeCall parse_decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_
 
 namespace {
 
-void decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_t, const Tensor& sl_t, const MutTensor& out_t,
-            const std::optional<MutTensor>& lse_t, float softmax_scale, int q_len, float kv_scale,
-            const std::string& lse_base, const std::string& backend_name, const DcpShard& shard,
-            const std::string& split_policy, int64_t max_seq_len, uintptr_t stream, bool check_block_ids) {
-  DecodeCall call = parse_decode(q_t, kv_t, bt_t, sl_t, out_t, lse_t, softmax_scale, q_len, kv_scale, lse_base, shard,
-                                 split_policy, max_seq_len, check_block_ids);
+// Runs a checked call on the backend `backend_name` ("" picks by memory) on `stream`.
+void run_decode(const DecodeCall& call, std::string_view backend_name, void* stream) {
   const MlaDecodeParams& p = call.params;
   const Mem mem = call.mem;
   const int device = call.device;
-  const std::string name = backend_name.empty() ? default_backend(mem) : backend_name;
-  Backend& be = backend_for(name, mem, device);
+  Backend& be = backend_for(backend_name, mem, device);
   DeviceGuard guard(mem == Mem::kCuda ? device : -1);
   ExecContext ctx;
-  ctx.stream = reinterpret_cast<void*>(stream);
+  ctx.stream = stream;
   if (p.num_seqs > 0) {
     ctx.workspace_size = be.workspace_bytes(p);
     ctx.workspace = workspace(mem, device, ctx.workspace_size, ctx.stream, "decode");
@@ -206,6 +214,76 @@ void decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_t, const Ten
   throw_if_error(s);
 }
 
+void decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_t, const Tensor& sl_t, const MutTensor& out_t,
+            const std::optional<MutTensor>& lse_t, float softmax_scale, int q_len, float kv_scale,
+            const std::string& lse_base, const std::string& backend_name, const DcpShard& shard,
+            const std::string& split_policy, int64_t max_seq_len, uintptr_t stream, bool check_block_ids) {
+  const DecodeCall call = parse_decode(q_t, kv_t, bt_t, sl_t, out_t, lse_t, softmax_scale, q_len, kv_scale, lse_base,
+                                       shard, split_policy, max_seq_len, check_block_ids);
+  run_decode(call, backend_name, reinterpret_cast<void*>(stream));
+}
+
+// A str argument (None: ""), as a view of its UTF-8 text (alive as long as the str).
+bool str_or_none(nb::handle h, std::string_view* out) {
+  if (h.is_none()) {
+    *out = {};
+    return true;
+  }
+  if (!PyUnicode_Check(h.ptr())) return false;
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(h.ptr(), &size);
+  if (!text) {
+    PyErr_Clear();
+    return false;
+  }
+  *out = std::string_view(text, size_t(size));
+  return true;
+}
+
+// decode() for torch tensors, read through torch's DLPack C exchange API: no capsule per tensor, one
+// nanobind call of plain objects, the current stream asked from torch in C++. Returns False, having done
+// nothing, unless q, kv_cache, block_table, seq_lens, out and lse (or None) are all exactly torch.Tensor,
+// torch describes each and every other argument has the type _decode takes (kv_scale may be None for
+// 1.0, backend and split_policy None for "", shard None for the default, stream None for the current
+// stream of q's device): the caller then takes the generic path, which raises what it raises. Otherwise the checks,
+// their order and their messages are those of _decode (the same parse_decode on the same views).
+bool decode_torch(nb::handle q_h, nb::handle kv_h, nb::handle bt_h, nb::handle sl_h, nb::handle out_h, nb::handle lse_h,
+                  nb::handle scale_h, nb::handle q_len_h, nb::handle kv_scale_h, nb::handle lse_base_h,
+                  nb::handle backend_h, nb::handle shard_h, nb::handle policy_h, nb::handle max_seq_len_h,
+                  nb::handle stream_h, nb::handle check_h) {
+  PyObject* const objs[6] = {q_h.ptr(),  kv_h.ptr(),  bt_h.ptr(),
+                             sl_h.ptr(), out_h.ptr(), lse_h.is_none() ? nullptr : lse_h.ptr()};
+  DLTensorC dl[6];
+  if (!torch_describe(objs, dl, 6)) return false;
+  float softmax_scale = 0, kv_scale = 1;
+  int q_len = 1;
+  int64_t max_seq_len = 0;
+  uintptr_t stream = 0;
+  bool check_block_ids = true;
+  std::string_view lse_base, backend, policy;
+  DcpShard shard;
+  // kv_scale: None (1.0) or a Python float or int; anything else (a tensor: decode refuses a CUDA one rather
+  // than synchronize) is for the generic path.
+  const bool kv_scale_number = PyFloat_Check(kv_scale_h.ptr()) || PyLong_Check(kv_scale_h.ptr());
+  if (!nb::try_cast(scale_h, softmax_scale) || !nb::try_cast(q_len_h, q_len) ||
+      !(kv_scale_h.is_none() || (kv_scale_number && nb::try_cast(kv_scale_h, kv_scale))) ||
+      !PyUnicode_Check(lse_base_h.ptr()) || !str_or_none(lse_base_h, &lse_base) || !str_or_none(backend_h, &backend) ||
+      !str_or_none(policy_h, &policy) || !nb::try_cast(max_seq_len_h, max_seq_len) ||
+      !(stream_h.is_none() || nb::try_cast(stream_h, stream)) || !nb::try_cast(check_h, check_block_ids))
+    return false;
+  if (!shard_h.is_none() && !nb::try_cast(shard_h, shard)) return false;
+  const View q = view_of("q", dl[0]), kv = view_of("kv_cache", dl[1]), bt = view_of("block_table", dl[2]),
+             sl = view_of("seq_lens", dl[3]), out = view_of("out", dl[4]);
+  View lse;
+  if (objs[5]) lse = view_of("lse", dl[5]);
+  const DecodeCall call = parse_decode(q, kv, bt, sl, out, objs[5] ? &lse : nullptr, softmax_scale, q_len, kv_scale,
+                                       lse_base, shard, policy, max_seq_len, check_block_ids);
+  void* s = reinterpret_cast<void*>(stream);
+  if (stream_h.is_none() && call.mem == Mem::kCuda) s = torch_current_stream(call.device);
+  run_decode(call, backend, s);
+  return true;
+}
+
 // The C++ side of the host-overhead benchmark: the same call as decode(), parsed once, then `iters` calls
 // of Backend::decode timed on the host (enqueue time on a device). Returns nanoseconds per call.
 double time_cpp_decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_t, const Tensor& sl_t,
@@ -213,8 +291,7 @@ double time_cpp_decode(const Tensor& q_t, const Tensor& kv_t, const Tensor& bt_t
                        const std::string& backend_name, uintptr_t stream, int iters) {
   DecodeCall call =
       parse_decode(q_t, kv_t, bt_t, sl_t, out_t, lse_t, softmax_scale, q_len, 1.0f, "e", DcpShard{}, "", 0, true);
-  const std::string name = backend_name.empty() ? default_backend(call.mem) : backend_name;
-  Backend& be = backend_for(name, call.mem, call.device);
+  Backend& be = backend_for(backend_name, call.mem, call.device);
   DeviceGuard guard(call.mem == Mem::kCuda ? call.device : -1);
   ExecContext ctx;
   ctx.stream = reinterpret_cast<void*>(stream);
@@ -496,6 +573,16 @@ void register_ops(nb::module_& m) {
   m.def("_decode", &decode, "q"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a, "lse"_a.none(),
         "softmax_scale"_a, "q_len"_a, "kv_scale"_a, "lse_base"_a, "backend"_a, "shard"_a, "split_policy"_a,
         "max_seq_len"_a, "stream"_a, "check_block_ids"_a);
+  // Every argument accepts None (a wrong one returns False: the generic path reports it).
+  m.def("_decode_torch", &decode_torch, "q"_a.none(), "kv_cache"_a.none(), "block_table"_a.none(), "seq_lens"_a.none(),
+        "out"_a.none(), "lse"_a.none(), "softmax_scale"_a.none(), "q_len"_a.none(), "kv_scale"_a.none(),
+        "lse_base"_a.none(), "backend"_a.none(), "shard"_a.none(), "split_policy"_a.none(), "max_seq_len"_a.none(),
+        "stream"_a.none(), "check_block_ids"_a.none(),
+        "decode() for torch tensors through torch's DLPack C exchange API; False (nothing done) when an argument "
+        "is not what it takes");
+  m.def("_set_torch_exchange", &set_torch_exchange, "tensor_type"_a.none(), "api"_a.none(),
+        "Registers torch.Tensor's __dlpack_c_exchange_api__ for _decode_torch; False when unusable");
+  m.def("_torch_exchange_ready", &torch_exchange_ready);
   m.def("_time_cpp_decode", &time_cpp_decode, "q"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a,
         "lse"_a.none(), "softmax_scale"_a, "q_len"_a, "backend"_a, "stream"_a, "iters"_a);
   m.def("_merge", &merge, "outs"_a, "lses"_a, "out"_a, "out_lse"_a.none(), "lse_base"_a, "out_lse_base"_a, "stream"_a);

@@ -1,4 +1,6 @@
 // DLPack views, errors, the device guard, and the per-device backend and workspace caches.
+#include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -16,6 +18,23 @@ namespace mladcp::py {
 namespace {
 
 constexpr int kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13;
+
+// A DLTensorC read like an nb::ndarray (the accessors make_view uses).
+struct DLAccess {
+  const DLTensorC& t;
+  const void* data() const { return static_cast<const char*>(t.data) + t.byte_offset; }
+  size_t ndim() const { return size_t(t.ndim); }
+  int64_t shape(size_t i) const { return t.shape[i]; }
+  int64_t stride(size_t i) const {
+    if (t.strides) return t.strides[i];
+    int64_t s = 1;  // compact row-major
+    for (size_t j = size_t(t.ndim); j-- > i + 1;) s *= t.shape[j];
+    return s;
+  }
+  int32_t device_type() const { return t.device.device_type; }
+  int32_t device_id() const { return t.device.device_id; }
+  nb::dlpack::dtype dtype() const { return nb::dlpack::dtype{t.dtype.code, t.dtype.bits, t.dtype.lanes}; }
+};
 
 template <typename Array>
 View make_view(const char* name, const Array& t) {
@@ -106,6 +125,78 @@ void throw_if_error(const Status& s) {
 
 View view_of(const char* name, const nb::ndarray<nb::ro>& t) { return make_view(name, t); }
 View view_of(const char* name, const nb::ndarray<>& t) { return make_view(name, t); }
+View view_of(const char* name, const DLTensorC& t) { return make_view(name, DLAccess{t}); }
+
+// ---- the DLPack C exchange API of torch -----------------------------------------------------------------
+
+namespace {
+
+// dlpack.h's DLPackExchangeAPI (DLPack 1.2+): a header (version, the previous version's table) and the
+// producer's functions, of which the binding calls two.
+struct ExchangeApi {
+  uint32_t major, minor;
+  const ExchangeApi* prev_api;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensorC* out);
+  int (*current_work_stream)(int32_t device_type, int32_t device_id, void** out_stream);
+};
+
+PyTypeObject* g_torch_type = nullptr;  // torch.Tensor (a strong reference while registered)
+const ExchangeApi* g_torch_api = nullptr;
+
+}  // namespace
+
+bool set_torch_exchange(nb::handle tensor_type, nb::handle api) {
+  if (g_torch_type) {
+    Py_DECREF(reinterpret_cast<PyObject*>(g_torch_type));
+    g_torch_type = nullptr;
+    g_torch_api = nullptr;
+  }
+  if (tensor_type.is_none() || api.is_none() || !PyType_Check(tensor_type.ptr())) return false;
+  const void* table = nullptr;
+  if (PyCapsule_CheckExact(api.ptr())) {
+    table = PyCapsule_GetPointer(api.ptr(), "dlpack_exchange_api");
+  } else if (PyLong_Check(api.ptr())) {
+    table = PyLong_AsVoidPtr(api.ptr());
+  }
+  if (!table) {
+    PyErr_Clear();
+    return false;
+  }
+  // The table of the newest version comes first; older versions follow through prev_api.
+  const ExchangeApi* a = static_cast<const ExchangeApi*>(table);
+  while (a && a->major != 1) a = a->prev_api;
+  if (!a || a->minor < 2 || !a->dltensor_from_py_object_no_sync || !a->current_work_stream) return false;
+  Py_INCREF(tensor_type.ptr());
+  g_torch_type = reinterpret_cast<PyTypeObject*>(tensor_type.ptr());
+  g_torch_api = a;
+  return true;
+}
+
+bool torch_exchange_ready() { return g_torch_api != nullptr; }
+
+bool torch_describe(PyObject* const* objs, DLTensorC* out, int n) {
+  if (!g_torch_api) return false;
+  for (int i = 0; i < n; ++i)
+    if (objs[i] && Py_TYPE(objs[i]) != g_torch_type) return false;
+  for (int i = 0; i < n; ++i) {
+    if (!objs[i]) continue;
+    if (g_torch_api->dltensor_from_py_object_no_sync(objs[i], &out[i]) != 0) {
+      PyErr_Clear();  // what torch cannot describe takes the capsule path, which reports it
+      return false;
+    }
+  }
+  return true;
+}
+
+void* torch_current_stream(int device) {
+  constexpr int32_t kDLCUDA_ = 2;
+  void* stream = nullptr;
+  if (!g_torch_api || g_torch_api->current_work_stream(kDLCUDA_, device, &stream) != 0) throw nb::python_error();
+  return stream;
+}
 
 std::string describe_shape(const View& v) {
   std::ostringstream os;
@@ -210,11 +301,35 @@ std::map<int, DeviceWorkspace> g_device_ws;
 
 std::string default_backend(Mem mem) { return mem == Mem::kCuda ? "cuda" : "cpu"; }
 
-Backend& backend_for(const std::string& name, Mem mem, int device) {
+namespace {
+
+// The default backend of host memory and of each CUDA device, once created: read without the lock (a
+// backend, once in g_backends, lives as long as the process).
+constexpr int kCachedDevices = 64;
+std::atomic<Backend*> g_default_host{nullptr};
+std::array<std::atomic<Backend*>, kCachedDevices> g_default_cuda{};
+
+std::atomic<Backend*>* default_slot(std::string_view name, Mem mem, int device) {
+  if (!name.empty()) return nullptr;
+  if (mem == Mem::kHost) return &g_default_host;
+  return device >= 0 && device < kCachedDevices ? &g_default_cuda[size_t(device)] : nullptr;
+}
+
+}  // namespace
+
+Backend& backend_for(std::string_view name_arg, Mem mem, int device) {
+  std::atomic<Backend*>* slot = default_slot(name_arg, mem, device);
+  if (slot) {
+    if (Backend* b = slot->load(std::memory_order_acquire)) return *b;
+  }
+  const std::string name = name_arg.empty() ? default_backend(mem) : std::string(name_arg);
   std::lock_guard<std::mutex> lock(g_mu);
   auto key = std::make_pair(name, mem == Mem::kCuda ? device : -1);
   auto it = g_backends.find(key);
-  if (it != g_backends.end()) return *it->second;
+  if (it != g_backends.end()) {
+    if (slot) slot->store(it->second.get(), std::memory_order_release);
+    return *it->second;
+  }
   std::unique_ptr<Backend> b;
   {
     DeviceGuard guard(mem == Mem::kCuda ? device : -1);
@@ -226,6 +341,7 @@ Backend& backend_for(const std::string& name, Mem mem, int device) {
                   " but the tensors are in " + (mem == Mem::kCuda ? "CUDA device memory" : "host memory"));
   Backend& ref = *b;
   g_backends.emplace(key, std::move(b));
+  if (slot) slot->store(&ref, std::memory_order_release);
   return ref;
 }
 
@@ -259,13 +375,13 @@ std::pair<size_t, size_t> workspace_info(int device) {
   return {it->second.current.size(), it->second.retired.size()};
 }
 
-std::optional<LseBase> parse_lse_base(const std::string& s) {
+std::optional<LseBase> parse_lse_base(std::string_view s) {
   if (s == "e" || s == "E" || s == "ln") return LseBase::kE;
   if (s == "2" || s == "log2") return LseBase::k2;
   return std::nullopt;
 }
 
-std::optional<SplitPolicy> parse_split_policy(const std::string& s) {
+std::optional<SplitPolicy> parse_split_policy(std::string_view s) {
   if (s.empty() || s == "invariant" || s == "batch_invariant") return SplitPolicy::kBatchInvariant;
   if (s == "fill" || s == "fill_device") return SplitPolicy::kFillDevice;
   return std::nullopt;
