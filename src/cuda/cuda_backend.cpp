@@ -119,11 +119,12 @@ struct KernelChoice {
   size_t smem = 0;  // dynamic shared memory per CTA
 };
 
-// The Hopper kernel takes bf16 calls with more than kPortableMaxRowsOnHopper (8) query rows per sequence
-// (H · q_len, packed 64 per CTA, the rest of the CTA's rows empty) whose pages its copies handle: at 16 rows it
-// ran 8-14% faster than the portable 16-row kernel (two CTAs per SM; docs/perf/gpu-sm90-ws-2026-12-01.md,
-// run 18), at 32 rows up to 1.3x faster than the portable 32-row kernel (docs/perf/dcp-emulated-grid-2026-12-01.md).
-// fp8 caches and other pages run the portable kernel.
+// The Hopper kernel takes bf16 calls with more than 16 query rows per sequence (H · q_len, packed 64
+// per CTA, 17-32 rows leave half of the CTA's rows empty) whose pages its copies handle. Sequences of at
+// most 16 rows are memory-bound: the portable 16-row kernel, two CTAs per SM, keeps more bytes in flight
+// there than the Hopper kernel's two 64-key stages (docs/perf/gpu-sm90-ws-2026-12-01.md); at 32 rows the
+// Hopper kernel with half its rows empty ran up to 1.3x faster than the portable 32-row kernel
+// (docs/perf/dcp-emulated-grid-2026-12-01.md). fp8 caches and other pages run the portable kernel.
 KernelChoice choose_kernel(const MlaDecodeParams& p, const DeviceState& dev, const CudaBackendOptions& opt) {
   KernelChoice k;
   const bool fp8 = p.kv_dtype == DType::kFP8E4M3;

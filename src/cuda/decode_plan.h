@@ -31,10 +31,8 @@ namespace mladcp::cuda_plan {
 inline constexpr int kTileTokens = 64;  // keys per pipeline stage
 
 // On Hopper (sm_90) the bf16 calls with more query rows per sequence than this run the Hopper kernel (64 rows
-// per CTA); the others the portable 16-row kernel, two CTAs per SM (cuda_backend.cpp, choose_kernel). 16 rows
-// (16 heads, the TP-8 rank of DeepSeek-V3) moved to the Hopper kernel when it became faster there (8-14%,
-// docs/perf/gpu-sm90-ws-2026-12-01.md, run 18); 8 rows and fewer were not measured on it.
-inline constexpr int kPortableMaxRowsOnHopper = 8;
+// per CTA); the others the portable 16-row kernel, two CTAs per SM (cuda_backend.cpp, choose_kernel).
+inline constexpr int kPortableMaxRowsOnHopper = 16;
 
 // 16, 32 or 64 query rows per CTA.
 MLADCP_HD int rows_per_cta(int rows_per_seq) { return rows_per_seq <= 16 ? 16 : (rows_per_seq <= 32 ? 32 : 64); }
@@ -245,13 +243,12 @@ inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta
   // waves' fixed costs and the partial states of many short splits dominate there); a plan of one wave, or
   // of whole sequences per CTA, stays: the balanced parts, cut across sequences, would add partial states
   // and a combine to it (measured slower on 128 heads × 64 × 4K and × 128 × 1K: docs/perf).
-  // Whole sequences: with k ≥ 1 sequences per part and ceil(k) / k ≤ 1.1 (lengths assumed alike) the balanced
-  // schedule puts whole sequences on each part, as evenly as cutting them would, without partial states (128
-  // heads × 128 × 8K: 564 → 533 µs). It does not replace a split plan of whole sequences (128 × 1K: two waves,
-  // 100 µs, against 120 µs in one persistent wave: run 18).
+  // Whole sequences: a batch of k ≥ 1 sequences per part with ceil(k) / k ≤ 1.1 (lengths assumed alike) puts
+  // whole sequences on each part, as evenly as cutting them would, without partial states (128 heads × 128 × 1K:
+  // two sequences per part instead of two waves).
   const int64_t parts = std::max<int64_t>(1, wave_ctas / plan.row_chunks);
   const bool whole = p.num_seqs >= parts && 10 * ((p.num_seqs + parts - 1) / parts) * parts <= 11 * int64_t(p.num_seqs);
-  const bool pays = plan.grid > wave_ctas && plan.max_splits > 1;
+  const bool pays = (plan.grid > wave_ctas && plan.max_splits > 1) || whole;
   if (p.split_policy == SplitPolicy::kFillDevice && wave_ctas > 0 && most_positions < (int64_t(1) << 30) &&
       (balanced == Schedule::kBalanced || (balanced == Schedule::kAuto && pays))) {
     plan.parts = int(parts);
