@@ -121,7 +121,7 @@ KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t ba
   const int64_t chunks = base / std::max<int64_t>(1, batch);
   const int64_t parts = std::max<int64_t>(1, g.wave_ctas / std::max<int64_t>(1, chunks));
   const bool whole = batch >= parts && 10 * ((batch + parts - 1) / parts) * parts <= 11 * batch;
-  if (!small && dev.balanced_schedule && kv_dtype != DType::kFP8E4M3 && whole) {
+  if (!small && dev.balanced_schedule && kv_dtype != DType::kFP8E4M3 && whole && g.ctas > g.wave_ctas && g.splits > 1) {
     // The balanced schedule's whole mode (cuda_plan::make_plan): one wave, whole sequences per part.
     g.ctas = parts * chunks;
     g.splits = 1;

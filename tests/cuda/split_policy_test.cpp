@@ -183,11 +183,13 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
   // One wave, or whole sequences per CTA, keep the split plan: 64 × 4K (one 4096-key split per sequence),
   // 8 × 4K (one wave of 512-key splits).
   EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 128, 1, 4096), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
-  // 128 × 1K: 128 sequences over 66 parts, two whole sequences per part (no partial state) instead of two waves.
+  // 128 × 8K: 128 sequences over 66 parts, two whole sequences per part (no partial state); 128 × 1K keeps its
+  // two waves of whole sequences.
   const cuda_plan::DecodePlan w =
-      cuda_plan::make_plan(plan_params(128, 128, 1, 1024), 132, 64, cuda_plan::Schedule::kAuto);
+      cuda_plan::make_plan(plan_params(128, 128, 1, 8192), 132, 64, cuda_plan::Schedule::kAuto);
   EXPECT_EQ(w.parts, 66);
   EXPECT_TRUE(w.whole_short);
+  EXPECT_EQ(cuda_plan::make_plan(plan_params(128, 128, 1, 1024), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
   EXPECT_FALSE(cuda_plan::make_plan(plan_params(16, 128, 1, 65536), 132, 64, cuda_plan::Schedule::kAuto).whole_short);
   EXPECT_FALSE(cuda_plan::make_plan(plan_params(80, 128, 1, 65536), 132, 64, cuda_plan::Schedule::kAuto).whole_short);
   EXPECT_EQ(cuda_plan::make_plan(plan_params(8, 128, 1, 4096), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
