@@ -58,8 +58,13 @@ def main():
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     configs = [(16, 1, 64), (128, 4, 1024), (16, 64, 4096)] if device == "cuda" else [(16, 1, 64)]
     rows = []
+    from mladcp import _frameworks as fw
+
+    fw.torch_module()
+    path = "DLPack C exchange API" if getattr(fw, "_decode_torch", None) is not None else "DLPack capsules"
     print(f"device {device}, {torch.cuda.get_device_name() if device == 'cuda' else 'host'}, mladcp "
-          f"{mladcp.__version__}, torch {torch.__version__}, {args.rounds} rounds x {args.iters} calls, median")
+          f"{mladcp.__version__}, torch {torch.__version__}, torch tensors through {path}, {args.rounds} rounds x "
+          f"{args.iters} calls, median")
     print("| heads | batch | ctx | cpp us | python us | op us | python - cpp us | op - cpp us |")
     print("|---|---|---|---|---|---|---|---|")
     for heads, batch, ctx in configs:
