@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_backend.h"
 #include "cuda/cuda_test_util.h"
 
 namespace mladcp::test {
@@ -100,6 +101,23 @@ TEST(Sm90Decode, PortableKernelOnTheSameShapes) {
   MLADCP_SKIP_WITHOUT_GPU();
   auto portable = cuda_backend(true);
   for (const synthetic::Config& cfg : hopper_shapes()) EXPECT_TRUE(matches_oracle(*portable, cfg, "portable"));
+}
+
+// Sequences of at most 16 query rows on the Hopper kernel too (CudaBackendOptions::portable_max_rows_on_hopper =
+// 0; by default they keep the portable 16-row kernel): 1-16 rows in a 64-row CTA, the rest of its rows empty.
+TEST(Sm90Decode, FewRowsOnTheHopperKernel) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  CudaBackendOptions o;
+  o.portable_max_rows_on_hopper = 0;
+  auto all = make_cuda_backend(o);
+  for (const synthetic::Config& cfg : {
+           config(16, 1, 64, {4097, 0, 130, 1, 2049}, 230),                    // 16 heads: DeepSeek-V3 at TP 8
+           config(8, 2, 64, {2, 700, 4100}, 231),                              // 16 rows of two tokens (causal)
+           config(8, 1, 32, {31, 33, 2100}, 232),                              // 8 rows, pages of 32 keys
+           config(1, 1, 16, {0, 17, 900}, 233),                                // one row, pages of 16 keys
+           config(16, 1, 64, {5000, 33, 777}, 234, DType::kBF16, {4, 2, 16}),  // DCP rank 2 of 4, interleave 16
+       })
+    EXPECT_TRUE(matches_oracle(*all, cfg, "hopper (all rows)"));
 }
 
 // A sequence's result does not depend on the rest of the batch nor on max_seq_len: bitwise.
