@@ -1,9 +1,11 @@
-// Hopper (sm_90a) split kernel of the "cuda" decode: 64 query rows per CTA (16·q_len .. 64 rows packed,
-// the rest zero), bf16 cache in pages of 16, 32 or a multiple of 64 keys, warp-specialized.
+// Hopper (sm_90a) decode kernel of the "cuda" backend: 64 query rows per CTA (H·q_len rows packed, the rest
+// zero), bf16 cache in pages of 16, 32 or a multiple of 64 keys, warp-specialized.
 //
-// Same contract, plan, workspace and combine as the portable kernel (decode_kernel.cuh): one CTA =
-// one (sequence, chunk of 64 query rows, split of local keys); a single-split sequence writes out/lse
-// directly, otherwise the CTA writes the normalized fp32 partial state for the combine kernel.
+// Same contract and combine as the portable kernel (decode_kernel.cuh). Split plan: one CTA = one (sequence,
+// chunk of 64 query rows, split of local keys); a single-split sequence writes out/lse directly, otherwise the
+// CTA writes the normalized fp32 partial state for the combine kernel. Balanced schedule (decode_plan.h): one
+// CTA = one (part, chunk of 64 query rows), running the pieces of its part one sequence after the other, each
+// written directly or as the part's partial state of that sequence (slot 0 or 1) with a merge record.
 //
 // Threads: three warpgroups (384).
 //   warpgroup 2, the producer: one thread reads the block table and issues bulk tensor copies (TMA) of
@@ -15,7 +17,7 @@
 //     key tile, so keys are stored once and serve as K and V).
 //
 // Shared memory (every tile in the 128-byte-swizzle canonical layout, 1024-byte aligned):
-//   q_s  [9 column blocks][64 rows][128 B]  query rows (64 dims per column block), loaded once
+//   q_s  [9 column blocks][64 rows][128 B]  query rows (64 dims per column block), loaded per sequence
 //   kv_s [2 stages][9][64 keys][128 B]       the ring: stage t % 2 holds tile t; once tile a's scores
 //                                            are done, stage 0's column block 8 (rope dims, read only by
 //                                            the scores) holds P_a for warpgroup 1
@@ -25,6 +27,8 @@
 //   ok   [2 stages] u64                      key present, bit k for key k (written by the producer with the tile)
 //   full[2][9], empty[2][2] mbarriers        sub-tile landed; stage half (column blocks 0-3 / 4-8)
 //                                            released by both consumers
+//   seg  SegmentState                        the consumers' current and next piece of work (balanced
+//                                            schedule: several sequences per CTA)
 // Byte (r, chunk c) of a [9][64][128 B] tile: (c / 8) · 8192 + r · 128 + ((c % 8) ^ (r % 8)) · 16, the
 // layout the copy engine writes with CU_TENSOR_MAP_SWIZZLE_128B.
 #include <cuda.h>
