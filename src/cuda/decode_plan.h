@@ -206,6 +206,31 @@ MLADCP_HD BalancedCursor balanced_cursor(int part, int parts, int total, int fir
 // kFillDevice's schedule on a kernel that can run both (the Hopper kernel).
 enum class Schedule { kSplits, kAuto, kBalanced };
 
+// Whether kFillDevice takes the balanced schedule, for a batch of `num_seqs` sequences in `row_chunks` chunks
+// whose split plan has `split_grid` CTAs and `max_splits` splits per sequence, on a device running `wave_ctas`
+// CTAs at once (make_plan, and the planner's model of it: plan/perf_model.cpp).
+// kAuto takes it where the split plan runs several waves of several splits per sequence (its waves' fixed costs
+// and the partial states of many short splits dominate there); a plan of one wave, or of whole sequences per
+// CTA, stays: the balanced parts, cut across sequences, would add partial states and a combine to it (measured
+// slower on 128 heads × 64 × 4K and × 128 × 1K: docs/perf/gpu-sm90-ws-2026-12-01.md, runs 16-18).
+// Whole sequences: with k ≥ 1 sequences per part and ceil(k) / k ≤ 1.1 (lengths assumed alike) the balanced
+// schedule puts whole sequences on each part, as evenly as cutting them would, without partial states (128
+// heads × 128 × 8K: 564 → 533 µs).
+struct BalancedChoice {
+  bool take = false;
+  int64_t parts = 1;         // wave_ctas / row_chunks
+  bool whole_short = false;  // sequences of at most one part's positions are never cut
+};
+inline BalancedChoice balanced_choice(int64_t num_seqs, int64_t row_chunks, int64_t split_grid, int64_t max_splits,
+                                      int64_t wave_ctas, Schedule schedule) {
+  BalancedChoice c;
+  c.parts = std::max<int64_t>(1, wave_ctas / std::max<int64_t>(1, row_chunks));
+  c.whole_short = num_seqs >= c.parts && 10 * ((num_seqs + c.parts - 1) / c.parts) * c.parts <= 11 * num_seqs;
+  const bool pays = split_grid > wave_ctas && max_splits > 1;
+  c.take = wave_ctas > 0 && (schedule == Schedule::kBalanced || (schedule == Schedule::kAuto && pays));
+  return c;
+}
+
 struct DecodePlan {
   int rows_per_seq = 0;      // H · q_len
   int rows_per_cta = 16;     // 16, 32 or 64
@@ -224,10 +249,10 @@ inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // Host-only: the plan of a validated call (default strides applied or not; only shapes and the
 // policy are read). `wave_ctas`: split CTAs the device runs at once (SMs × resident CTAs per SM),
 // read by kFillDevice only. `cta_rows`: the kernel's rows per CTA (the Hopper kernel always takes 64,
-// packing 16·q_len rows and leaving the rest empty); 0 = rows_per_cta(H · q_len). `balanced`: whether
+// packing 16·q_len rows and leaving the rest empty); 0 = rows_per_cta(H · q_len). `schedule`: whether
 // kFillDevice takes the balanced schedule (only the Hopper kernel runs it): never, where it pays, always.
 inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta_rows = 0,
-                            Schedule balanced = Schedule::kSplits) {
+                            Schedule schedule = Schedule::kSplits) {
   DecodePlan plan;
   plan.rows_per_seq = p.num_heads * p.q_len;
   plan.rows_per_cta = cta_rows > 0 ? cta_rows : rows_per_cta(plan.rows_per_seq);
@@ -239,21 +264,11 @@ inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta
   plan.max_splits = num_splits(max_local, plan.split_len);
   plan.grid = int64_t(plan.row_chunks) * plan.max_splits * p.num_seqs;
   const int64_t most_positions = int64_t(p.num_seqs) * balanced_cost((max_local + kTileTokens - 1) / kTileTokens);
-  // The balanced schedule where the split plan runs several waves of several splits per sequence (its
-  // waves' fixed costs and the partial states of many short splits dominate there); a plan of one wave, or
-  // of whole sequences per CTA, stays: the balanced parts, cut across sequences, would add partial states
-  // and a combine to it (measured slower on 128 heads × 64 × 4K and × 128 × 1K: docs/perf).
-  // Whole sequences: with k ≥ 1 sequences per part and ceil(k) / k ≤ 1.1 (lengths assumed alike) the balanced
-  // schedule puts whole sequences on each part, as evenly as cutting them would, without partial states (128
-  // heads × 128 × 8K: 564 → 533 µs). It does not replace a split plan of whole sequences (128 × 1K: two waves,
-  // 100 µs, against 120 µs in one persistent wave: run 18).
-  const int64_t parts = std::max<int64_t>(1, wave_ctas / plan.row_chunks);
-  const bool whole = p.num_seqs >= parts && 10 * ((p.num_seqs + parts - 1) / parts) * parts <= 11 * int64_t(p.num_seqs);
-  const bool pays = plan.grid > wave_ctas && plan.max_splits > 1;
-  if (p.split_policy == SplitPolicy::kFillDevice && wave_ctas > 0 && most_positions < (int64_t(1) << 30) &&
-      (balanced == Schedule::kBalanced || (balanced == Schedule::kAuto && pays))) {
-    plan.parts = int(parts);
-    plan.whole_short = whole;
+  const BalancedChoice b =
+      balanced_choice(p.num_seqs, plan.row_chunks, plan.grid, plan.max_splits, wave_ctas, schedule);
+  if (p.split_policy == SplitPolicy::kFillDevice && b.take && most_positions < (int64_t(1) << 30)) {
+    plan.parts = int(b.parts);
+    plan.whole_short = b.whole_short;
     plan.grid = int64_t(plan.parts) * plan.row_chunks;
     plan.split_len = kSplitTokens;
     plan.max_splits = 1;

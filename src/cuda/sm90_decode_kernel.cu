@@ -286,6 +286,10 @@ struct CtaWork {
 __device__ __forceinline__ int local_keys(const DecodeKernelParams& p, int len) {
   return int(sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave));
 }
+// 64-key tiles of sequence `seq` on this shard (the balanced schedule's unit of work).
+__device__ __forceinline__ int64_t local_tiles(const DecodeKernelParams& p, int seq) {
+  return (int64_t(local_keys(p, clamped_len(p, seq))) + kTile - 1) / kTile;
+}
 
 // The segments of this CTA, the same sequence for every thread: one split (split schedule) or the pieces
 // of its part (balanced schedule, decode_plan.h).
@@ -299,8 +303,9 @@ struct Segments {
     int k_first = 0, k_last = 0;
     if (balanced) {
       cuda_plan::BalancedPiece pc;
-      auto tiles_of = [&](int sq) { return (int64_t(local_keys(p, clamped_len(p, sq))) + kTile - 1) / kTile; };
-      if (!cur.next(p.num_seqs, tiles_of, pc)) return false;
+      if (!cur.next(
+              p.num_seqs, [&](int sq) { return local_tiles(p, sq); }, pc))
+        return false;
       w.seq = pc.seq;
       w.len = clamped_len(p, w.seq);
       k_first = pc.tile_begin * kTile;
@@ -340,7 +345,7 @@ __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p,
   constexpr int kWarps = kThreads / 32;
   auto cost_of = [&](int sq) -> int64_t {
     if (sq >= p.num_seqs) return 0;
-    return cuda_plan::balanced_cost((int64_t(local_keys(p, clamped_len(p, sq))) + kTile - 1) / kTile);
+    return cuda_plan::balanced_cost(local_tiles(p, sq));
   };
   int64_t mine = 0;
   for (int sq = tid; sq < p.num_seqs; sq += kThreads) mine += cost_of(sq);

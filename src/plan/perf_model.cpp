@@ -118,23 +118,23 @@ KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t ba
   g.split_keys = cuda_plan::fill_split_tokens(keys, base, g.wave_ctas, invariant);
   g.splits = std::max<int64_t>(1, (keys + g.split_keys - 1) / g.split_keys);
   g.ctas = base * g.splits;
+  // The balanced schedule (cuda_plan::make_plan): one wave of parts × row chunks. Whole mode: whole sequences
+  // per part, no partial state. Otherwise each part holds T work positions (a sequence: its tiles plus a fixed
+  // cost), so a sequence spans about (its positions / T) + 1 parts, each leaving a partial state.
   const int64_t chunks = base / std::max<int64_t>(1, batch);
-  const int64_t parts = std::max<int64_t>(1, g.wave_ctas / std::max<int64_t>(1, chunks));
-  const bool whole = batch >= parts && 10 * ((batch + parts - 1) / parts) * parts <= 11 * batch;
-  if (!small && dev.balanced_schedule && kv_dtype != DType::kFP8E4M3 && whole && g.ctas > g.wave_ctas && g.splits > 1) {
-    // The balanced schedule's whole mode (cuda_plan::make_plan): one wave, whole sequences per part.
-    g.ctas = parts * chunks;
-    g.splits = 1;
-    g.split_keys = keys;
-  } else if (!small && dev.balanced_schedule && kv_dtype != DType::kFP8E4M3 && g.ctas > g.wave_ctas && g.splits > 1) {
-    // The balanced schedule (cuda_plan::make_plan): one wave of parts × row chunks; each part holds T work
-    // positions (a sequence: its tiles plus a fixed cost), so a sequence spans about (its positions / T) + 1
-    // parts, each leaving a partial state.
-    const int64_t per_seq = cuda_plan::balanced_cost((keys + cuda_plan::kTileTokens - 1) / cuda_plan::kTileTokens);
-    const int64_t per_part = std::max<int64_t>(1, (std::max<int64_t>(1, batch) * per_seq + parts - 1) / parts);
-    g.ctas = parts * chunks;
-    g.splits = std::min(parts, (per_seq + per_part - 1) / per_part + 1);
-    g.split_keys = std::min(keys, per_part * cuda_plan::kTileTokens);
+  const cuda_plan::BalancedChoice b = cuda_plan::balanced_choice(std::max<int64_t>(1, batch), chunks, g.ctas, g.splits,
+                                                                 g.wave_ctas, cuda_plan::Schedule::kAuto);
+  if (!small && dev.balanced_schedule && kv_dtype != DType::kFP8E4M3 && b.take) {
+    g.ctas = b.parts * chunks;
+    if (b.whole_short) {
+      g.splits = 1;
+      g.split_keys = keys;
+    } else {
+      const int64_t per_seq = cuda_plan::balanced_cost((keys + cuda_plan::kTileTokens - 1) / cuda_plan::kTileTokens);
+      const int64_t per_part = std::max<int64_t>(1, (std::max<int64_t>(1, batch) * per_seq + b.parts - 1) / b.parts);
+      g.splits = std::min(b.parts, (per_seq + per_part - 1) / per_part + 1);
+      g.split_keys = std::min(keys, per_part * cuda_plan::kTileTokens);
+    }
   }
   return g;
 }
