@@ -303,9 +303,8 @@ struct Segments {
     int k_first = 0, k_last = 0;
     if (balanced) {
       cuda_plan::BalancedPiece pc;
-      if (!cur.next(
-              p.num_seqs, [&](int sq) { return local_tiles(p, sq); }, pc))
-        return false;
+      auto tiles_of = [&](int sq) { return local_tiles(p, sq); };
+      if (!cur.next(p.num_seqs, tiles_of, pc)) return false;
       w.seq = pc.seq;
       w.len = clamped_len(p, w.seq);
       k_first = pc.tile_begin * kTile;
