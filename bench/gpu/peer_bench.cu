@@ -9,13 +9,17 @@
 // with events right around the call (device time only); the median. One key cache, no rotation.
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
-//                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all] [--hot-pages N]
+//                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,fp8,fp8-portable,
+//                                      fp8-all] [--hot-pages N]
+// fp8 policies: the same case on an fp8-e4m3 copy of the cache (kv_scale 1/8; no peer runs it): fp8 the default
+// backend, fp8-portable the portable kernel, fp8-all every row count on the Hopper fp8 kernel.
 // --hot-pages N: every block-table entry names one of N pages (the keys stay in L2; an experiment that
 // separates the kernel's own schedule from its key loads, not a peer configuration).
 // Output per configuration and policy:
 //   LENS mladcp h b s_q ctx variant sum_len max_len table_hash
 //   RESULT mladcp[-policy] h b s_q ctx variant median_us GB/s TFLOP/s
-// ("mladcp" is the default policy, "mladcp-nolse" the default without LSE; GB/s = (Σ len·1152 + q + out bytes) / t;
+// ("mladcp" is the default policy, "mladcp-nolse" the default without LSE; GB/s = (Σ len·1152 + q + out bytes) / t,
+// Σ len·576 for the fp8 cache;
 // TFLOP/s = 2·1088·h·Σ visible / t.)
 #include <cuda_runtime.h>
 
@@ -98,6 +102,7 @@ struct Policy {
   mladcp::SplitPolicy policy;
   bool lse = true;                     // false: no LSE asked for (the default policy)
   mladcp::Backend* backend = nullptr;  // a backend with other options (a forced schedule), else the default
+  bool fp8 = false;                    // the fp8-e4m3 copy of the cache
 };
 
 void run(mladcp::Backend& default_backend, const PeerConfig& c, const std::vector<Policy>& policies, int reps,
@@ -112,9 +117,16 @@ void run(mladcp::Backend& default_backend, const PeerConfig& c, const std::vecto
               k.table_hash);
   const int T = c.b * c.s_q;
   const size_t kv_elems = size_t(k.nb) * 64 * kQkDim;
-  void *kv, *q, *out, *lse, *table, *lens;
+  void *kv, *kv8 = nullptr, *q, *out, *lse, *table, *lens;
   CHECK_CUDA(cudaMalloc(&kv, kv_elems * 2));
   fill_random_bf16(kv, kv_elems, 21);
+  bool any_fp8 = false;
+  for (const Policy& pol : policies) any_fp8 |= pol.fp8;
+  if (any_fp8) {
+    CHECK_CUDA(cudaMalloc(&kv8, kv_elems));
+    fill_fp8<<<1024, 256>>>(static_cast<uint8_t*>(kv8), kv_elems, 23);
+    CHECK_CUDA(cudaGetLastError());
+  }
   CHECK_CUDA(cudaMalloc(&q, size_t(T) * c.h * kQkDim * 2));
   fill_random_bf16(q, size_t(T) * c.h * kQkDim, 22);
   CHECK_CUDA(cudaMalloc(&out, size_t(T) * c.h * kLatentDim * 2));
@@ -126,7 +138,7 @@ void run(mladcp::Backend& default_backend, const PeerConfig& c, const std::vecto
   double visible = 0;
   for (int32_t L : k.lens)
     for (int t = 0; t < c.s_q; ++t) visible += std::max(0, L - c.s_q + t + 1);
-  const double bytes = double(sum_len) * kQkDim * 2 + double(T) * c.h * (kQkDim * 2 + kLatentDim * 2);
+  const double io_bytes = double(T) * c.h * (kQkDim * 2 + kLatentDim * 2);
   const double flops = 2.0 * (kQkDim + kLatentDim) * c.h * visible;
 
   cudaStream_t stream;
@@ -141,8 +153,10 @@ void run(mladcp::Backend& default_backend, const PeerConfig& c, const std::vecto
     p.q_len = c.s_q;
     p.num_heads = c.h;
     p.q = q;
-    p.kv_cache = kv;
-    p.kv_dtype = DType::kBF16;
+    p.kv_cache = pol.fp8 ? kv8 : kv;
+    p.kv_dtype = pol.fp8 ? DType::kFP8E4M3 : DType::kBF16;
+    p.kv_scale = pol.fp8 ? 0.125f : 1.0f;
+    const double bytes = double(sum_len) * kQkDim * (pol.fp8 ? 1 : 2) + io_bytes;
     p.num_blocks = k.nb;
     p.block_size = 64;
     p.block_table = static_cast<const int32_t*>(table);
@@ -181,7 +195,8 @@ void run(mladcp::Backend& default_backend, const PeerConfig& c, const std::vecto
     if (ws) CHECK_CUDA(cudaFree(ws));
   }
   CHECK_CUDA(cudaStreamDestroy(stream));
-  for (void* ptr : {kv, q, out, lse, table, lens}) CHECK_CUDA(cudaFree(ptr));
+  for (void* ptr : {kv, kv8, q, out, lse, table, lens})
+    if (ptr) CHECK_CUDA(cudaFree(ptr));
 }
 
 }  // namespace
@@ -210,7 +225,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
-                   "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all] [--hot-pages N]\n",
+                   "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,fp8,fp8-portable,fp8-all] "
+                   "[--hot-pages N]\n",
                    argv[0]);
       return 2;
     }
@@ -231,6 +247,12 @@ int main(int argc, char** argv) {
   mladcp::CudaBackendOptions all;
   all.portable_max_rows_on_hopper = 0;
   const std::unique_ptr<mladcp::Backend> hopper_all = mladcp::make_cuda_backend(all);
+  mladcp::CudaBackendOptions portable_opt;
+  portable_opt.hopper_kernel = false;
+  const std::unique_ptr<mladcp::Backend> portable = mladcp::make_cuda_backend(portable_opt);
+  mladcp::CudaBackendOptions fp8_all_opt;
+  fp8_all_opt.hopper_fp8_max_rows = 1 << 30;
+  const std::unique_ptr<mladcp::Backend> fp8_all = mladcp::make_cuda_backend(fp8_all_opt);
   std::vector<Policy> policies;
   std::stringstream ps(policies_arg);
   for (std::string name; std::getline(ps, name, ',');) {
@@ -248,8 +270,16 @@ int main(int argc, char** argv) {
       policies.push_back({"mladcp-balanced", true, mladcp::SplitPolicy::kFillDevice, true, balanced.get()});
     else if (name == "hopper-all")
       policies.push_back({"mladcp-hopper-all", true, mladcp::SplitPolicy::kFillDevice, true, hopper_all.get()});
+    else if (name == "fp8")
+      policies.push_back({"mladcp-fp8", false, mladcp::SplitPolicy::kBatchInvariant, true, nullptr, true});
+    else if (name == "fp8-portable")
+      policies.push_back({"mladcp-fp8-portable", false, mladcp::SplitPolicy::kBatchInvariant, true, portable.get(), true});
+    else if (name == "fp8-all")
+      policies.push_back({"mladcp-fp8-all", false, mladcp::SplitPolicy::kBatchInvariant, true, fp8_all.get(), true});
     else {
-      std::fprintf(stderr, "--policies: '%s' is not default, invariant, fill, nolse, splits, balanced or hopper-all\n",
+      std::fprintf(stderr,
+                   "--policies: '%s' is not default, invariant, fill, nolse, splits, balanced, hopper-all, fp8, "
+                   "fp8-portable or fp8-all\n",
                    name.c_str());
       return 2;
     }

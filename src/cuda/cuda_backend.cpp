@@ -42,7 +42,8 @@ struct DeviceState {
   size_t smem_optin = 0;
   size_t smem_per_sm = 0;  // shared memory of one SM (bounds the resident split CTAs)
   int sm_count = 0;
-  bool sm90 = false;  // compute capability 9.0 and the Hopper decode kernel is ready
+  bool sm90 = false;      // compute capability 9.0 and the Hopper decode kernel is ready
+  bool sm90_fp8 = false;  // compute capability 9.0 and the Hopper fp8 decode kernel is ready
 };
 
 Status device_state(int device, DeviceState* out) {
@@ -72,6 +73,8 @@ Status device_state(int device, DeviceState* out) {
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
         minor == 0 && cuda_impl::sm90_decode_smem_bytes() <= s->smem_optin)
       s->sm90 = cuda_impl::set_sm90_decode_smem() == cudaSuccess;
+    if (s->status.ok() && major == 9 && minor == 0 && cuda_impl::sm90_fp8_decode_smem_bytes(32) <= s->smem_optin)
+      s->sm90_fp8 = cuda_impl::set_sm90_fp8_decode_smem() == cudaSuccess;
     (void)cudaGetLastError();  // a failed probe leaves the portable kernels in charge
     states[size_t(device)] = std::move(s);
   }
@@ -115,8 +118,9 @@ namespace {
 struct KernelChoice {
   int rows_per_cta = 16;
   int kv_stages = 2;
-  bool sm90 = false;
-  size_t smem = 0;  // dynamic shared memory per CTA
+  bool sm90 = false;      // the Hopper bf16 kernel (64 rows per CTA)
+  bool sm90_fp8 = false;  // the Hopper fp8 kernel (16 or 32 rows per CTA)
+  size_t smem = 0;        // dynamic shared memory per CTA
 };
 
 // The Hopper kernel takes bf16 calls with more than 16 query rows per sequence (H · q_len, packed 64
@@ -124,19 +128,28 @@ struct KernelChoice {
 // most 16 rows are memory-bound: the portable 16-row kernel, two CTAs per SM, keeps more bytes in flight
 // there than the Hopper kernel's two 64-key stages (docs/perf/gpu-sm90-ws-2026-12-01.md); at 32 rows the
 // Hopper kernel with half its rows empty ran up to 1.3x faster than the portable 32-row kernel
-// (docs/perf/dcp-emulated-grid-2026-12-01.md). fp8 caches and other pages run the portable kernel.
+// (docs/perf/dcp-emulated-grid-2026-12-01.md). Other pages run the portable kernel.
+// fp8 caches with at most opt.hopper_fp8_max_rows query rows per sequence take the Hopper fp8 kernel (16 or
+// 32 rows per CTA, any page size; more rows in chunks of 32); the others the portable kernel.
 KernelChoice choose_kernel(const MlaDecodeParams& p, const DeviceState& dev, const CudaBackendOptions& opt) {
   KernelChoice k;
   const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
+  const int rows = p.num_heads * p.q_len;
+  if (fp8 && opt.hopper_kernel && !opt.single_stage && dev.sm90_fp8 && rows <= opt.hopper_fp8_max_rows) {
+    k.sm90_fp8 = true;
+    k.rows_per_cta = rows <= 16 ? 16 : 32;
+    k.smem = cuda_impl::sm90_fp8_decode_smem_bytes(k.rows_per_cta);
+    return k;
+  }
   k.sm90 = opt.hopper_kernel && !opt.single_stage && dev.sm90 && !fp8 && p.num_blocks >= 1 &&
-           p.num_heads * p.q_len > opt.portable_max_rows_on_hopper &&
+           rows > opt.portable_max_rows_on_hopper &&
            cuda_impl::sm90_decode_block_size_ok(p.block_size);
   if (k.sm90) {
     k.rows_per_cta = 64;
     k.smem = cuda_impl::sm90_decode_smem_bytes();
     return k;
   }
-  k.rows_per_cta = cuda_plan::rows_per_cta(p.num_heads * p.q_len);
+  k.rows_per_cta = cuda_plan::rows_per_cta(rows);
   if (opt.single_stage || cuda_impl::decode_smem_bytes(k.rows_per_cta, fp8, 2) > dev.smem_optin) k.kv_stages = 1;
   k.smem = cuda_impl::decode_smem_bytes(k.rows_per_cta, fp8, k.kv_stages);
   return k;
@@ -214,6 +227,7 @@ class CudaBackend final : public Backend {
     k.whole_short = plan.whole_short;
     k.kv_stages = kc.kv_stages;
     k.sm90 = kc.sm90;
+    k.sm90_fp8 = kc.sm90_fp8;
     k.q = static_cast<const uint16_t*>(p.q);
     k.q_stride_token = p.q_stride_token;
     k.q_stride_head = p.q_stride_head;

@@ -21,6 +21,9 @@ struct CudaBackendOptions {
   // Sequences of at most this many query rows keep the portable kernel on Hopper (comparisons: 0 sends every
   // bf16 call with pages the copies handle to the Hopper kernel).
   int portable_max_rows_on_hopper = cuda_plan::kPortableMaxRowsOnHopper;
+  // fp8 caches: sequences of at most this many query rows take the Hopper fp8 kernel (16 or 32 rows per CTA;
+  // more rows in chunks of 32, each chunk reading the keys again); the others the portable kernel.
+  int hopper_fp8_max_rows = cuda_plan::kHopperFp8MaxRows;
   bool single_stage = false;  // true: the single-buffered portable pipeline (the layout of devices with
                               // less shared memory), so that it can be tested on any device
 };

@@ -146,10 +146,10 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
   cudaError_t e = cudaSuccess;
   switch (p.rows_per_cta) {
     case 16:
-      e = launch_shape<1>(p, fp8, grid, s);
+      e = p.sm90_fp8 ? launch_sm90_fp8_decode(p, grid, s) : launch_shape<1>(p, fp8, grid, s);
       break;
     case 32:
-      e = launch_shape<2>(p, fp8, grid, s);
+      e = p.sm90_fp8 ? launch_sm90_fp8_decode(p, grid, s) : launch_shape<2>(p, fp8, grid, s);
       break;
     case 64:
       // Hopper: the warp-specialized TMA/wgmma kernel (same plan, workspace and combine), chosen by the
@@ -162,7 +162,7 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
   MLADCP_RETURN_IF_ERROR(cuda_status(e, "mla_decode_split_kernel launch"));
   if (p.max_splits > 1 || p.parts > 0) {
     const int64_t blocks = int64_t(p.num_seqs) * p.rows_per_seq;
-    // After the Hopper kernel the combine is a programmatic dependent launch: its CTAs start while the
+    // After a Hopper kernel the combine is a programmatic dependent launch: its CTAs start while the
     // split kernel's last CTAs write their states, and wait for the whole grid before reading.
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(blocks));
@@ -172,7 +172,7 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = p.sm90 ? 1 : 0;
+    cfg.numAttrs = p.sm90 || p.sm90_fp8 ? 1 : 0;
     MLADCP_RETURN_IF_ERROR(
         cuda_status(cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel, p), "mla_decode_combine_kernel launch"));
   }

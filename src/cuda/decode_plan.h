@@ -34,6 +34,10 @@ inline constexpr int kTileTokens = 64;  // keys per pipeline stage
 // per CTA); the others the portable 16-row kernel, two CTAs per SM (cuda_backend.cpp, choose_kernel).
 inline constexpr int kPortableMaxRowsOnHopper = 16;
 
+// On Hopper the fp8 calls with at most this many query rows per sequence run the Hopper fp8 kernel (16 or 32
+// rows per CTA); the others the portable kernel (cuda_backend.cpp, choose_kernel).
+inline constexpr int kHopperFp8MaxRows = 32;
+
 // 16, 32 or 64 query rows per CTA.
 MLADCP_HD int rows_per_cta(int rows_per_seq) { return rows_per_seq <= 16 ? 16 : (rows_per_seq <= 32 ? 32 : 64); }
 

@@ -42,16 +42,19 @@
 #include "core/lse_math.h"
 #include "cuda/decode_kernel.cuh"
 #include "cuda/sm90_decode.h"
+#include "cuda/sm90_ptx.cuh"
 
 namespace mladcp::cuda_impl {
 namespace {
+
+using namespace sm90;
 
 constexpr int kRows = 64;
 constexpr int kTile = 64;                    // keys per tile
 constexpr int kSubTiles = 9;                 // 64-dim column blocks of a tile
 constexpr int kConsumerThreads = 256;        // two consumer warpgroups
 constexpr int kThreads = 384;                // + the producer warpgroup
-constexpr int kBlockBytes = 64 * 128;        // one 64-dim column block of a 64-row tile
+constexpr int kBlockBytes = kSm90BlockBytes;  // one 64-dim column block of a 64-row tile
 constexpr int kTileBytes = 9 * kBlockBytes;  // 73728: 64 rows × 576 bf16
 // The CTA starts with 168 registers per thread (launch bounds); the consumers can only take what the producer
 // gives back: 128 · (168 − 40) = 256 · (232 − 168). (More for the producer and setmaxnreg.inc never returns.)
@@ -73,47 +76,7 @@ static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
 static_assert(Smem::kv % 1024 == 0 && Smem::pb % 1024 == 0 && Smem::full % 8 == 0,
               "alignment of the swizzled tiles and the barriers");
 
-// ---- PTX wrappers ----
-
-// wgmma shared-memory descriptors, 128-byte swizzle, kept as their low word: the start address (bits 0-13,
-// 16-byte units) and the leading byte offset (bits 16-29). The high word is the same for every operand here:
-// stride byte offset 1024 (8-row groups) and the swizzle layout type. Offsets added to the low word never
-// carry (shared-memory addresses < 256 KiB), so each operand of each wgmma costs one 32-bit add, in
-// uniform registers when the base is warp-uniform.
-constexpr uint32_t kDescHi = (1024 >> 4) | (1u << 30);
-// K-major operand (64 contiguous k values per 128-byte row of a column block); the leading offset is unused.
-__device__ __forceinline__ uint32_t kmajor_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
-// N-major B operand (V: 64 contiguous output dims per column block, one key per 128-byte row): column blocks
-// kBlockBytes apart (leading offset).
-__device__ __forceinline__ uint32_t nmajor_lo(uint32_t addr) {
-  return ((addr & 0x3FFFF) >> 4) | (uint32_t(kBlockBytes >> 4) << 16);
-}
-__device__ __forceinline__ uint64_t desc(uint32_t lo) { return (uint64_t(kDescHi) << 32) | lo; }
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void fence_regs(uint32_t (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+// ---- PTX wrappers (the shared ones: sm90_ptx.cuh) ----
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -247,16 +210,6 @@ __device__ __forceinline__ void issue_pv_smem(float (&o)[128], uint32_t p_lo, ui
                 ks > 0 || accumulate);
 }
 
-// 2^x (MUFU.EX2; flushes subnormal results to zero, as probabilities below 2^-126 contribute nothing).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
-  return m_from == -INFINITY ? 1.0f : fast_exp2(m_from - m_to);
-}
 // o (a warpgroup's 64 × 256 accumulator) ·= α of its rows, skipped when no row of the warp moved.
 __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alpha)[2]) {
   if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {

@@ -137,6 +137,7 @@ TEST(CudaSanitize, DecodeSmallShapes) {
   auto cuda = make_backend("cuda");
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(16, 1, 16, {0, 2, 37, 2100}, 11)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(24, 1, 64, {0, 5, 2100}, 12, DType::kFP8E4M3)));
+  EXPECT_TRUE(matches_oracle_on_device(*cuda, config(16, 1, 32, {0, 3, 130}, 18, DType::kFP8E4M3)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(64, 2, 32, {2, 200}, 13)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(16, 3, 64, {3, 150}, 14, DType::kBF16, {2, 1, 2})));
   // The Hopper kernel's balanced schedule, forced (several sequences per part, a sequence over parts).

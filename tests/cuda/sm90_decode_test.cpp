@@ -120,6 +120,55 @@ TEST(Sm90Decode, FewRowsOnTheHopperKernel) {
     EXPECT_TRUE(matches_oracle(*all, cfg, "hopper (all rows)"));
 }
 
+// fp8-e4m3 caches with at most 32 query rows per sequence reach the Hopper fp8 kernel (16 or 32 rows per CTA,
+// any page size); the same shapes on the portable kernel, and 64-128 heads forced onto the fp8 kernel in row
+// chunks of 32 (CudaBackendOptions::hopper_fp8_max_rows).
+std::vector<synthetic::Config> fp8_shapes() {
+  const DType f8 = DType::kFP8E4M3;
+  return {
+      config(16, 1, 64, {4097, 0, 130, 1, 2049}, 240, f8),                 // 16 heads: DeepSeek-V3 at TP 8
+      config(16, 2, 64, {2, 700, 4100}, 241, f8),                          // 32 rows of two tokens (causal)
+      config(8, 4, 32, {4, 33, 2100}, 242, f8),                            // q_len 4, pages of 32 keys
+      config(1, 1, 16, {0, 17, 900}, 243, f8),                             // one row, pages of 16 keys
+      config(24, 1, 1, {1, 63, 64, 65, 333}, 244, f8),                     // pages of 1 key, 24 rows
+      config(16, 1, 48, {47, 48, 49, 700}, 245, f8),                       // pages of 48 keys
+      config(32, 1, 128, {127, 129, 4300}, 246, f8),                       // pages of 128 keys, 32 rows
+      config(16, 1, 64, {9000}, 247, f8),                                  // one sequence, five splits
+      config(16, 1, 64, {1, 64, 65, 640, 0, 2047, 2048, 2049}, 248, f8),   // eight sequences, one empty
+      config(16, 1, 64, {5000, 33, 777}, 249, f8, {4, 2, 16}),             // DCP rank 2 of 4, interleave 16
+      config(16, 2, 32, {3, 300, 5000}, 250, f8, {2, 1, 1}),               // DCP rank 1 of 2, interleave 1
+      config(8, 4, 64, {4, 200, 4500}, 251, f8, {4, 3, 64}),               // DCP rank 3 of 4, interleave 64
+      config(16, 3, 16, {0, 3, 4, 130}, 252, f8, {4, 0, 2}),               // rows whose local keys are all masked
+      config(16, 1, 64, {128, 192, 2048, 2111}, 253, f8, {}, 3.0f),        // whole tiles, another scale
+  };
+}
+
+TEST(Sm90Fp8Decode, MatchesReference) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  auto hopper = cuda_backend(false);
+  for (const synthetic::Config& cfg : fp8_shapes()) EXPECT_TRUE(matches_oracle(*hopper, cfg, "hopper fp8"));
+}
+
+TEST(Sm90Fp8Decode, PortableKernelOnTheSameShapes) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  auto portable = cuda_backend(true);
+  for (const synthetic::Config& cfg : fp8_shapes()) EXPECT_TRUE(matches_oracle(*portable, cfg, "portable fp8"));
+}
+
+TEST(Sm90Fp8Decode, ManyRowsInChunksOf32) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  CudaBackendOptions o;
+  o.hopper_fp8_max_rows = 1 << 30;
+  auto all = make_cuda_backend(o);
+  const DType f8 = DType::kFP8E4M3;
+  for (const synthetic::Config& cfg : {
+           config(128, 1, 64, {4097, 0, 130}, 260, f8),               // 128 heads: four chunks
+           config(64, 2, 32, {2, 700, 2100}, 261, f8),                // 128 rows of two tokens
+           config(40, 1, 64, {65, 1000}, 262, f8, {2, 0, 1}),         // 40 rows: a chunk of 8, DCP rank 0 of 2
+       })
+    EXPECT_TRUE(matches_oracle(*all, cfg, "hopper fp8 (all rows)"));
+}
+
 // A sequence's result does not depend on the rest of the batch nor on max_seq_len: bitwise.
 TEST(Sm90Decode, BatchInvariantAndDeterministic) {
   MLADCP_SKIP_WITHOUT_GPU();

@@ -3,7 +3,8 @@
 
 Usage: peer_table.py RESULTS_FILE... [--md OUT.md]
 Lines read: RESULT <who> h b s_q ctx variant median_us GB/s TFLOP/s (who: flashmla, mladcp, mladcp-<policy>,
-mladcp-var-<name>: a compile-time variant of the kernel, shown as its own column against the default).
+mladcp-var-<name>: a compile-time variant of the kernel, shown as its own column against the default;
+mladcp-fp8*: the same case on an fp8 cache, shown with the bf16 default's time over its own).
 Prints, per configuration: FlashMLA µs, mladcp µs (default policy), ratio mladcp/FlashMLA (< 1: mladcp faster),
 mladcp TFLOP/s and GB/s, the other policies' µs and the default's excess over the best policy; then the geomean
 ratio of each configuration set.
@@ -44,11 +45,13 @@ def main():
             pass
     names = {w for r in res.values() for w in r}
     policies = sorted(w for w in names if w.startswith("mladcp-") and w != "mladcp-nolse" and
-                      not w.startswith("mladcp-var-"))
+                      not w.startswith("mladcp-var-") and not w.startswith("mladcp-fp8"))
+    fp8 = sorted(w for w in names if w.startswith("mladcp-fp8"))  # fp8 cache: bf16 default µs ÷ fp8 µs
     kernel_variants = sorted(w for w in names if w.startswith("mladcp-var-"))  # compile-time kernel variants
     head = ["set", "h", "b", "s_q", "ctx", "variant", "FlashMLA µs", "mladcp µs", "ratio", "mladcp TFLOP/s",
             "mladcp GB/s"] + [f"{p[7:]} µs" for p in policies] + ["default vs best", "no-LSE µs"]
     head += [f"{v[11:]} µs (÷ default)" for v in kernel_variants]
+    head += [f"{v[7:]} µs (bf16 ÷ fp8, GB/s)" for v in fp8]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ratios = {}
     for key in order:
@@ -67,6 +70,7 @@ def main():
         row += [f"{r[p][0]:.1f}" if p in r else "-" for p in policies]
         row += [f"{(us / best - 1) * 100:+.1f}%", f"{r['mladcp-nolse'][0]:.1f}" if "mladcp-nolse" in r else "-"]
         row += [f"{r[v][0]:.1f} ({r[v][0] / us:.3f})" if v in r else "-" for v in kernel_variants]
+        row += [f"{r[v][0]:.1f} ({us / r[v][0]:.2f}×, {r[v][1]:.0f})" if v in r else "-" for v in fp8]
         lines.append("| " + " | ".join(row) + " |")
     for s, v in sorted(ratios.items()):
         g = math.exp(sum(math.log(x) for x in v) / len(v))

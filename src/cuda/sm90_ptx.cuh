@@ -1,0 +1,64 @@
+// PTX wrappers shared by the Hopper (sm_90a) decode kernels: wgmma shared-memory descriptors of the
+// 128-byte-swizzled tiles, wgmma fences and waits, proxy fences, named barriers, the base-2 exponential.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace mladcp::cuda_impl::sm90 {
+
+// One 64-dim column block of a 64-row swizzled tile: [64 rows][128 B].
+inline constexpr int kSm90BlockBytes = 64 * 128;
+
+// wgmma shared-memory descriptors, 128-byte swizzle, kept as their low word: the start address (bits 0-13,
+// 16-byte units) and the leading byte offset (bits 16-29). The high word is the same for every operand here:
+// stride byte offset 1024 (8-row groups) and the swizzle layout type. Offsets added to the low word never
+// carry (shared-memory addresses < 256 KiB), so each operand of each wgmma costs one 32-bit add, in
+// uniform registers when the base is warp-uniform.
+constexpr uint32_t kDescHi = (1024 >> 4) | (1u << 30);
+// K-major operand (64 contiguous k values per 128-byte row of a column block); the leading offset is unused.
+__device__ __forceinline__ uint32_t kmajor_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+// N-major B operand (V: 64 contiguous output dims per column block, one key per 128-byte row): column blocks
+// kSm90BlockBytes apart (leading offset).
+__device__ __forceinline__ uint32_t nmajor_lo(uint32_t addr) {
+  return ((addr & 0x3FFFF) >> 4) | (uint32_t(kSm90BlockBytes >> 4) << 16);
+}
+__device__ __forceinline__ uint64_t desc(uint32_t lo) { return (uint64_t(kDescHi) << 32) | lo; }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// 2^x (MUFU.EX2; flushes subnormal results to zero, as probabilities below 2^-126 contribute nothing).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
+  return m_from == -INFINITY ? 1.0f : fast_exp2(m_from - m_to);
+}
+
+}  // namespace mladcp::cuda_impl::sm90
