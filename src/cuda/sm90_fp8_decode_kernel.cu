@@ -50,6 +50,13 @@ constexpr int kBlockBytes = kSm90BlockBytes;  // [64 keys][128 B]: 64 dims of a 
 constexpr int kTileBytes = 9 * kBlockBytes;  // 73728
 constexpr int kLoads = 18;                   // 16-byte fp8 loads per thread and tile
 constexpr int kOutStride = kLatentDim + 4;   // floats per row of the transposed output (conflict-free stores)
+// Independent score accumulators (16 and 32 rows per CTA).
+#ifndef MLADCP_FP8_QK_ACCS_16
+#define MLADCP_FP8_QK_ACCS_16 4
+#endif
+#ifndef MLADCP_FP8_QK_ACCS_32
+#define MLADCP_FP8_QK_ACCS_32 1
+#endif
 
 template <int N>
 struct F8Smem {
@@ -112,6 +119,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
   using L = F8Smem<N>;
   constexpr int kAcc = N / 2;   // accumulator floats per thread of an m64nN product
   constexpr int kCols = N / 4;  // query rows of a thread: n = 8·(i / 2) + 2·(lane % 4) + i % 2
+  constexpr int kQkAccs = N == 16 ? MLADCP_FP8_QK_ACCS_16 : MLADCP_FP8_QK_ACCS_32;
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* const kv_s = smem + L::kv;
   uint8_t* const q_s = smem + L::q;
@@ -220,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
   const float scale = p.score_scale_log2;
 
   // Accumulators are first written by the tensor cores (the first products overwrite them).
-  float o[8][kAcc];  // dim block b: dims 64b + key_a (+ 8), query rows n(i)
-  float s[kAcc];
+  float o[8][kAcc];         // dim block b: dims 64b + key_a (+ 8), query rows n(i)
+  float sa[kQkAccs][kAcc];  // partial scores
 
   if (ntiles > 0) load_tile(0);
   cp_async_wait_all();
@@ -232,18 +240,28 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
     fence_proxy_async();
     named_bar_sync(kBar, kThreads);  // (A) the tile and the query rows are in shared memory
 
-    // Sᵀ = K·Qᵀ over 576 dims.
+    // Sᵀ = K·Qᵀ over 576 dims, in kQkAccs independent accumulators (interleaved k-steps), so that the
+    // tensor cores need not finish one product before starting the next.
     wgmma_fence();
-    fence_regs(s);
 #pragma unroll
-    for (int c = 0; c < 9; ++c)
+    for (int a = 0; a < kQkAccs; ++a) fence_regs(sa[a]);
 #pragma unroll
-      for (int k4 = 0; k4 < 4; ++k4)
-        wgmma_n<0>(s, desc(k_lo + uint32_t((c * kBlockBytes + k4 * 32) >> 4)),
-                   desc(q_lo + uint32_t((c * N * 128 + k4 * 32) >> 4)), c > 0 || k4 > 0);
+    for (int step = 0; step < 36; ++step) {
+      const int c = step / 4, k4 = step % 4;
+      wgmma_n<0>(sa[step % kQkAccs], desc(k_lo + uint32_t((c * kBlockBytes + k4 * 32) >> 4)),
+                 desc(q_lo + uint32_t((c * N * 128 + k4 * 32) >> 4)), step >= kQkAccs);
+    }
     wgmma_commit();
     wgmma_wait<0>();
-    fence_regs(s);
+#pragma unroll
+    for (int a = 0; a < kQkAccs; ++a) fence_regs(sa[a]);
+    float s[kAcc];
+#pragma unroll
+    for (int x = 0; x < kAcc; ++x) {
+      s[x] = sa[0][x];
+#pragma unroll
+      for (int a = 1; a < kQkAccs; ++a) s[x] += sa[a][x];
+    }
 
     // Absent keys and keys after a row's causal limit → -inf; column maxima of the warp's 16 keys.
     const int kt = k_begin + t * kTile;
@@ -296,14 +314,15 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
     fence_proxy_async();
     named_bar_sync(kBar, kThreads);  // (C) P is in shared memory
 
-    // Oᵀ += Vᵀ·Pᵀ: dim block b = column block b of the tile, read M-major; 16 keys per step.
+    // Oᵀ += Vᵀ·Pᵀ: dim block b = column block b of the tile, read M-major; 16 keys per step, the 8 dim
+    // blocks (independent accumulators) one after the other.
     wgmma_fence();
 #pragma unroll
     for (int b = 0; b < 8; ++b) fence_regs(o[b]);
 #pragma unroll
-    for (int b = 0; b < 8; ++b)
+    for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
+      for (int b = 0; b < 8; ++b)
         wgmma_n<1>(o[b], desc(v_lo + uint32_t((b * kBlockBytes + ks * 16 * 128) >> 4)),
                    desc(p_lo + uint32_t((ks * 32) >> 4)), t > 0 || ks > 0);
     wgmma_commit();

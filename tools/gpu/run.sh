@@ -26,7 +26,8 @@
 #   MLADCP_PEER_POLICIES     peers stage: mladcp_peer_bench --policies (default default,invariant,nolse,splits,balanced)
 #   MLADCP_GPU_PROFILE_CONFIGS  profile stage configurations (H,B,CTX,QLEN,KV ...)
 #   MLADCP_PEERPROFILE_CONFIGS  peerprofile stage: configs.txt lines, one per line (default 128 h × 16 × 64K)
-#   MLADCP_GPU_VARIANTS      variants stage: "NAME=-DMACRO=V[,-DMACRO2=V2] ..." (Hopper kernel rebuilt per variant)
+#   MLADCP_GPU_VARIANTS      variants stage: "NAME=-DMACRO=V[,-DMACRO2=V2] ..." (Hopper kernels rebuilt per variant)
+#   MLADCP_VARIANT_POLICY    variants stage: the peer bench policy timed (default; fp8 for the fp8 kernel)
 #   MLADCP_GPU_NCCL=ON       build the NCCL communicator too (the Python module's DcpDecoder tests use it)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -168,21 +169,25 @@ if want peers; then
 fi
 
 if want variants; then
-  # Compile-time variants of the Hopper kernel against the build above, in the same call: for each
-  # "NAME=-DMACRO=V[,-DMACRO2=V2]" of MLADCP_GPU_VARIANTS, only the kernel's object is recompiled with those
-  # definitions and mladcp_peer_bench relinked (the commands ninja would run), then timed on the peers'
-  # configurations (default policy) as "mladcp-var-NAME"; the peers table is printed again with them.
+  # Compile-time variants of the Hopper kernels against the build above, in the same call: for each
+  # "NAME=-DMACRO=V[,-DMACRO2=V2]" of MLADCP_GPU_VARIANTS, only the two Hopper kernels' objects are recompiled
+  # with those definitions and mladcp_peer_bench relinked (the commands ninja would run), then timed on the
+  # peers' configurations (MLADCP_VARIANT_POLICY, default "default"; "fp8" for the fp8 kernel) as
+  # "mladcp-var-NAME"; the peers table is printed again with them.
   cmds="$(ninja -C "$build" -t commands mladcp_peer_bench)"
-  compile="$(grep 'sm90_decode_kernel.cu.o' <<<"$cmds" | grep -- ' -c ' | head -n1)"
+  compile="$(grep -E '/sm90_decode_kernel.cu.o ' <<<"$cmds" | grep -- ' -c ' | head -n1)"
+  compile_fp8="$(grep -E '/sm90_fp8_decode_kernel.cu.o ' <<<"$cmds" | grep -- ' -c ' | head -n1)"
   archive="$(grep 'ar qc src/cuda/libmladcp_cuda.a' <<<"$cmds" | head -n1)"
   link="$(grep -- '-o bench/gpu/mladcp_peer_bench' <<<"$cmds" | head -n1)"
   touch "$out/peers.log"
   for spec in ${MLADCP_GPU_VARIANTS:-}; do
     name="${spec%%=*}" defs="${spec#*=}"
-    if (cd "$build" && eval "${compile/ -c / ${defs//,/ } -c }" && eval "$archive" && eval "$link") >>"$out/build.log" 2>&1; then
+    if (cd "$build" && eval "${compile/ -c / ${defs//,/ } -c }" && eval "${compile_fp8/ -c / ${defs//,/ } -c }" &&
+      eval "$archive" && eval "$link") >>"$out/build.log" 2>&1; then
       for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
-        timeout "$(cap 200 10)" "$build/bench/gpu/mladcp_peer_bench" --configs "$cfgs" --policies default 2>&1 |
-          sed "s/^RESULT mladcp /RESULT mladcp-var-$name /" >>"$out/peers.log"
+        timeout "$(cap 200 10)" "$build/bench/gpu/mladcp_peer_bench" --configs "$cfgs" \
+          --policies "${MLADCP_VARIANT_POLICY:-default}" 2>&1 |
+          sed -E "s/^RESULT mladcp(-fp8)? /RESULT mladcp\1-var-$name /" >>"$out/peers.log"
       done
       note "variant $name ($defs): timed"
     else
