@@ -237,6 +237,8 @@ class CudaBackend final : public Backend {
     k.kv_stride_token = p.kv_stride_token;
     k.num_blocks = p.num_blocks;
     k.block_size = p.block_size;
+    for (int sh = 0; sh < 31; ++sh)
+      if ((1 << sh) == p.block_size) k.block_shift = sh;
     k.block_table = p.block_table;
     k.block_table_stride = p.block_table_stride;
     k.max_blocks_per_seq = p.max_blocks_per_seq;

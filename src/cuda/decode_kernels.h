@@ -26,6 +26,7 @@ struct DecodeKernelParams {
   const uint8_t* kv = nullptr;  // bf16 or fp8 bytes
   int64_t kv_stride_block = 0, kv_stride_token = 0;
   int num_blocks = 0, block_size = 1;
+  int block_shift = -1;  // log2(block_size) when a power of two, else -1
 
   const int32_t* block_table = nullptr;
   int64_t block_table_stride = 0;

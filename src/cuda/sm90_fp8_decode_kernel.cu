@@ -1,5 +1,5 @@
 // Hopper (sm_90a) decode kernel of the "cuda" backend for fp8-e4m3 caches: N = 16 or 32 query rows per CTA,
-// one warpgroup, two CTAs per SM, pages of any size.
+// pages of any size, warp-specialized (a converter warpgroup and a tensor-core warpgroup).
 //
 // Same contract, split plan, workspace and combine as the portable kernel (decode_kernel.cuh): one CTA = one
 // (sequence, chunk of N query rows, split of local keys); a single-split sequence writes out/lse directly,
@@ -12,27 +12,38 @@
 //   Oᵀ [512 × N]      += Vᵀ [512 × 64] · Pᵀ [64 × N]     8 dim blocks × 4 key steps of wgmma.m64nNk16; V read
 //                                                        transposed from the key tile (keys are stored once and
 //                                                        serve as K and V), P from shared memory
-// Keys: every thread loads 18 × 16 bytes of fp8 of the next tile into registers (plain loads through the block
-// table, so any page size) while the current tile is multiplied, and converts them to bf16 into the swizzled
-// tile when that tile is done (exact: every e4m3 value is a bf16 value; kv_scale is folded into the score and
-// output scales). Keys that are absent (past the split, on an invalid block id) are written as zeros and masked.
+// Operands are fp16 (one conversion instruction per two keys' elements, against four for bf16): every e4m3
+// value is an fp16 value, so keys convert exactly; each query row is scaled by a power of two 2^e_n into
+// [2^14, 2^15) at its maximum before rounding to fp16 (exact for bf16 values down to 2^-24 of the row's maximum;
+// 2^-e_n goes into the row's score scale); P in [0, 1] rounds to fp16 (more precise than bf16). kv_scale is
+// folded into the score and output scales.
 //
-// Per tile: convert + store (bar A) → scores, mask, column maxima per warp (bar B) → maxima of the 4 warps,
-// rescale, P → shared memory (bar C) → P·V, wait (bar D: the tile and P may be written again).
+// Threads: two warpgroups (256), one CTA per SM.
+//   warpgroup 1, the converter: loads the fp8 keys of the next two tiles into registers (plain loads through the
+//     block table, so any page size), and converts each tile into the ring stage (t % 2) once the tensor-core
+//     warpgroup has released it. Absent keys (past the split, on an invalid block id) are written as zeros and
+//     flagged in `ok`.
+//   warpgroup 0, the tensor cores: query rows (once), then per tile: scores, mask, column maxima of its 4 warps
+//     (named barrier), P → shared memory (named barrier), P·V, release of the stage.
+// Ring: named barriers kBarFull + s (converter arrives, tensor cores wait) and kBarEmpty + s (the reverse).
 //
 // Shared memory (128-byte-swizzled tiles, 1024-byte aligned):
-//   kv  [9 column blocks][64 keys][128 B]  the key tile (bf16); at the end the normalized Oᵀ, transposed
-//   q   [9][N rows][128 B]                 the CTA's query rows (zero past the sequence's rows)
-//   p   [N rows][128 B]                    P (bf16), 64 keys per row
+//   kv  [2 stages][9 column blocks][64 keys][128 B]  key tiles (fp16); at the end the normalized Oᵀ, transposed
+//   q   [9][N rows][128 B]                 the CTA's query rows, scaled, fp16 (zero past the sequence's rows)
+//   p   [N rows][128 B]                    P (fp16), 64 keys per row
 //   red [4 warps][N] fp32                  per-warp column maxima, then row sums
-// Loads: warp w loads keys [16w, 16w + 16) of the tile, 576 bytes each, as 18 loads of 16 bytes per lane:
+//   qs  [N] fp32                           2^-e_n of each query row
+//   ok  [2 stages][64] u8                  key present
+// Loads: converter warp w loads keys [16w, 16w + 16) of a tile, 576 bytes each, as 18 loads of 16 bytes per lane:
 // loads 0-15 take 4 keys × 128 contiguous bytes (8 lanes per key), loads 16-17 the last 64 bytes of 8 keys
-// (4 lanes per key). Every load is 32-byte-sector efficient, and the bf16 stores of each load hit every bank
+// (4 lanes per key). Every load is 32-byte-sector efficient, and the fp16 stores of each load hit every bank
 // group equally (4 wavefronts per 512 bytes, the minimum).
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/lse_math.h"
 #include "cuda/decode_kernel.cuh"
@@ -44,12 +55,14 @@ namespace {
 
 using namespace sm90;
 
-constexpr int kTile = 64;                    // keys per tile
-constexpr int kThreads = 128;                // one warpgroup
+constexpr int kTile = 64;                     // keys per tile
+constexpr int kThreads = 256;                 // the tensor-core and the converter warpgroups
 constexpr int kBlockBytes = kSm90BlockBytes;  // [64 keys][128 B]: 64 dims of a tile
-constexpr int kTileBytes = 9 * kBlockBytes;  // 73728
-constexpr int kLoads = 18;                   // 16-byte fp8 loads per thread and tile
-constexpr int kOutStride = kLatentDim + 4;   // floats per row of the transposed output (conflict-free stores)
+constexpr int kTileBytes = 9 * kBlockBytes;   // 73728
+constexpr int kLoads = 18;                    // 16-byte fp8 loads per converter thread and tile
+constexpr int kOutStride = kLatentDim + 4;    // floats per row of the transposed output (conflict-free stores)
+// Named barriers (0 is __syncthreads): the tensor-core warpgroup among itself; the ring.
+constexpr int kBarMma = 1, kBarFull = 2 /* + stage */, kBarEmpty = 4 /* + stage */;
 // Independent score accumulators (16 and 32 rows per CTA).
 #ifndef MLADCP_FP8_QK_ACCS_16
 #define MLADCP_FP8_QK_ACCS_16 4
@@ -61,23 +74,24 @@ constexpr int kOutStride = kLatentDim + 4;   // floats per row of the transposed
 template <int N>
 struct F8Smem {
   static constexpr int kv = 0;
-  static constexpr int q = kv + kTileBytes;
+  static constexpr int q = kv + 2 * kTileBytes;
   static constexpr int p = q + 9 * N * 128;
   static constexpr int red = p + N * 128;
-  static constexpr int total = red + 4 * N * 4;
+  static constexpr int qs = red + 4 * N * 4;
+  static constexpr int ok = qs + N * 4;
+  static constexpr int total = ok + 2 * kTile;
   static_assert(q % 1024 == 0 && p % 1024 == 0, "alignment of the swizzled tiles");
-  static_assert(N * kOutStride * 4 <= kTileBytes, "the transposed output fits the key tile");
+  static_assert(N * kOutStride * 4 <= 2 * kTileBytes, "the transposed output fits the ring");
 };
-// Two CTAs per SM (228 KiB of shared memory, 1 KiB reserved per CTA).
-static_assert(2 * (F8Smem<32>::total + 1024) <= 228 * 1024, "two 32-row CTAs per SM");
+static_assert(F8Smem<32>::total <= 227 * 1024, "shared memory of one Hopper CTA");
 
-// wgmma.m64nNk16 (bf16 in, fp32 accumulate), both operands from shared memory; kTransA = 1 reads A
+// wgmma.m64nNk16 (fp16 in, fp32 accumulate), both operands from shared memory; kTransA = 1 reads A
 // M-major (Vᵀ from the key tile).
 template <int kTransA>
 __device__ __forceinline__ void wgmma_n16(float (&d)[8], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
       : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
 }
@@ -85,7 +99,7 @@ template <int kTransA>
 __device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
@@ -108,25 +122,150 @@ __device__ __forceinline__ uint4 load_stream(const uint8_t* ptr) {
   return v;
 }
 
-// Load j of a thread: key (within the tile) and 16-byte part (of the key's 36).
-__device__ __forceinline__ int load_key(int j, int warp, int lane) {
-  return j < 16 ? 16 * warp + 4 * (j % 4) + (lane >> 3) : 16 * warp + 8 * (j - 16) + (lane >> 2);
+// Two e4m3 values (low byte first) → two fp16, exactly.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
-__device__ __forceinline__ int load_part(int j, int lane) { return j < 16 ? 8 * (j / 4) + (lane & 7) : 32 + (lane & 3); }
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
 
 template <int N>
-__global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const DecodeKernelParams p) {
+__device__ __forceinline__ void convert_tiles(const DecodeKernelParams& p, uint8_t* smem, int seq, int k_begin,
+                                              int k_end, int ntiles) {
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  uint8_t* const kv_s = smem + F8Smem<N>::kv;
+  uint8_t* const ok_s = smem + F8Smem<N>::ok;
+  const int32_t* const bt_row = p.block_table + int64_t(seq) * p.block_table_stride;
+  // Keys of a thread within the tile: loads 0-15 take 16w + 4·(j % 4) + lane / 8, loads 16-17 16w + 8·(j - 16)
+  // + lane / 4; the 16-byte part of the key's 576 bytes: 8·(j / 4) + lane % 8, and 32 + lane % 4.
+  const int key_off[6] = {lane >> 3, 4 + (lane >> 3), 8 + (lane >> 3), 12 + (lane >> 3), lane >> 2, 8 + (lane >> 2)};
+  const int part_lo = lane & 7, part_hi = 32 + (lane & 3);
+  const bool pages_of_16 = p.block_size % 16 == 0;  // the 16 keys of a warp lie in one page (tiles start at
+                                                    // multiples of 64 keys)
+  // Loads of tile t into f (zeros for absent keys); ok: keys 16w + lane / 4 and + 8 present.
+  auto load = [&](uint4(&f)[kLoads], bool(&ok2)[2], int t) {
+    const int k0 = k_begin + t * kTile + 16 * warp;
+    const uint8_t* base[6];
+    bool ok[6];
+    if (pages_of_16) {
+      const int page = p.block_shift >= 0 ? k0 >> p.block_shift : k0 / p.block_size;
+      const int32_t b = k0 < k_end && page < p.max_blocks_per_seq ? __ldg(bt_row + page) : -1;
+      const bool page_ok = b >= 0 && b < p.num_blocks;
+      const uint8_t* const b0 =
+          p.kv + (page_ok ? int64_t(b) * p.kv_stride_block + int64_t(k0 - page * p.block_size) * p.kv_stride_token : 0);
+#pragma unroll
+      for (int i = 0; i < 6; ++i) {
+        ok[i] = page_ok && k0 + key_off[i] < k_end;
+        base[i] = b0 + int64_t(key_off[i]) * p.kv_stride_token;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 6; ++i) {
+        const int k = k0 + key_off[i];
+        ok[i] = false;
+        base[i] = p.kv;
+        if (k < k_end) {
+          const int page = k / p.block_size;
+          const int32_t b = page < p.max_blocks_per_seq ? __ldg(bt_row + page) : -1;
+          if (b >= 0 && b < p.num_blocks) {
+            ok[i] = true;
+            base[i] = p.kv + int64_t(b) * p.kv_stride_block + int64_t(k - page * p.block_size) * p.kv_stride_token;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int i = j < 16 ? j % 4 : j - 12;
+      const int part = j < 16 ? 8 * (j / 4) + part_lo : part_hi;
+      f[j] = ok[i] ? load_stream(base[i] + 16 * part) : make_uint4(0, 0, 0, 0);
+    }
+    ok2[0] = ok[4];
+    ok2[1] = ok[5];
+  };
+  // Store addresses: a per-thread base and the chunk swizzle ((chunk ^ key % 8) · 16), which takes 4 values for
+  // loads 0-15 (key % 8 = lane / 8 or lane / 8 ^ 4; two chunks) and 2 for loads 16-17; the rest of each address
+  // is a constant of the load.
+  uint32_t st_lo[4];  // loads 0-15: [j % 2 · 2 + h], h = first or second 16-byte chunk
+  uint32_t st_hi[2];  // loads 16-17: [h]
+  {
+    const int cc = (lane & 3) * 2, kl = lane >> 3, kh = lane >> 2;
+    const uint32_t b0 = smem_addr(kv_s) + ((lane & 7) >> 2) * kBlockBytes + (16 * warp + kl) * 128;
+    const uint32_t b1 = smem_addr(kv_s) + 8 * kBlockBytes + (16 * warp + kh) * 128;
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) st_lo[2 * x + h] = b0 + (((cc + h) ^ kl ^ (4 * x)) << 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) st_hi[h] = b1 + (((cc + h) ^ kh) << 4);
+  }
+  // The loaded tile → fp16 in ring stage `st`, its present keys → ok.
+  auto store = [&](const uint4(&f)[kLoads], const bool(&ok2)[2], int st) {
+    const uint32_t stage = uint32_t(st * kTileBytes);
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      uint4 lo, hi;
+      lo.x = e4m3x2_to_f16x2(f[j].x & 0xffffu);
+      lo.y = e4m3x2_to_f16x2(f[j].x >> 16);
+      lo.z = e4m3x2_to_f16x2(f[j].y & 0xffffu);
+      lo.w = e4m3x2_to_f16x2(f[j].y >> 16);
+      hi.x = e4m3x2_to_f16x2(f[j].z & 0xffffu);
+      hi.y = e4m3x2_to_f16x2(f[j].z >> 16);
+      hi.z = e4m3x2_to_f16x2(f[j].w & 0xffffu);
+      hi.w = e4m3x2_to_f16x2(f[j].w >> 16);
+      // loads 0-15: column blocks 2·(j / 4) + 0/1 (in the base), keys + 4·(j % 4); loads 16-17: keys + 8
+      const uint32_t off = stage + (j < 16 ? (j / 4) * 2 * kBlockBytes + 4 * (j % 4) * 128 : 8 * (j - 16) * 128);
+      const uint32_t a0 = j < 16 ? st_lo[(j & 1) * 2] : st_hi[0], a1 = j < 16 ? st_lo[(j & 1) * 2 + 1] : st_hi[1];
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a0 + off), "r"(lo.x), "r"(lo.y), "r"(lo.z),
+                   "r"(lo.w)
+                   : "memory");
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a1 + off), "r"(hi.x), "r"(hi.y), "r"(hi.z),
+                   "r"(hi.w)
+                   : "memory");
+    }
+    if ((lane & 3) == 0) {
+      ok_s[st * kTile + 16 * warp + (lane >> 2)] = ok2[0];
+      ok_s[st * kTile + 16 * warp + 8 + (lane >> 2)] = ok2[1];
+    }
+  };
+  // Two tiles of loads in flight: tile t in f[t % 2], into stage t % 2 once the tensor cores released tile t − 2.
+  uint4 f0[kLoads], f1[kLoads];
+  bool ok0[2], ok1[2];
+  if (ntiles > 0) load(f0, ok0, 0);
+  if (ntiles > 1) load(f1, ok1, 1);
+  for (int t = 0; t < ntiles; t += 2) {
+    if (t >= 2) named_bar_sync(kBarEmpty + 0, kThreads);
+    store(f0, ok0, 0);
+    fence_proxy_async();
+    named_bar_arrive(kBarFull + 0, kThreads);
+    if (t + 2 < ntiles) load(f0, ok0, t + 2);
+    if (t + 1 < ntiles) {
+      if (t >= 1) named_bar_sync(kBarEmpty + 1, kThreads);
+      store(f1, ok1, 1);
+      fence_proxy_async();
+      named_bar_arrive(kBarFull + 1, kThreads);
+      if (t + 3 < ntiles) load(f1, ok1, t + 3);
+    }
+  }
+}
+
+template <int N>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const DecodeKernelParams p) {
   using L = F8Smem<N>;
   constexpr int kAcc = N / 2;   // accumulator floats per thread of an m64nN product
   constexpr int kCols = N / 4;  // query rows of a thread: n = 8·(i / 2) + 2·(lane % 4) + i % 2
   constexpr int kQkAccs = N == 16 ? MLADCP_FP8_QK_ACCS_16 : MLADCP_FP8_QK_ACCS_32;
+  constexpr int kMma = 128;     // threads of the tensor-core warpgroup
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* const kv_s = smem + L::kv;
   uint8_t* const q_s = smem + L::q;
   uint8_t* const p_s = smem + L::p;
   float* const red = reinterpret_cast<float*>(smem + L::red);
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  constexpr int kBar = 1;
+  const uint8_t* const ok_s = smem + L::ok;
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
 
   int64_t bid = blockIdx.x;
   const int rc = int(bid % p.row_chunks);
@@ -142,81 +281,67 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
   const int ntiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
   const int row0 = rc * N;
 
-  // ---- query rows → q (rows past the sequence's R rows are zero) ----
-  for (int c = tid; c < N * kRowChunks; c += kThreads) {
-    const int r = c / kRowChunks, ch = c - r * kRowChunks;
+  if (tid >= kMma) {
+    convert_tiles<N>(p, smem, seq, k_begin, k_end, ntiles);
+    return;
+  }
+
+  // ---- query rows → q: fp16, row n scaled by 2^e_n (rows past the sequence's R rows are zero) ----
+  {
+    constexpr int kPerRow = kMma / N;             // threads per row: 8 or 4, neighbouring lanes
+    constexpr int kChunks = kRowChunks / kPerRow;  // 16-byte chunks (8 values) per thread: 9 or 18
+    const int r = tid / kPerRow, sub = tid % kPerRow;
     const int grow = row0 + r;
     const bool valid = grow < p.rows_per_seq;
     const uint16_t* src = p.q;
     if (valid) {
       const int i = grow / p.num_heads, h = grow - i * p.num_heads;
-      src = p.q + q_elem(p, int64_t(seq) * p.q_len + i, h) + ch * 8;
+      src = p.q + q_elem(p, int64_t(seq) * p.q_len + i, h);
     }
-    cp_async_16(smem_addr(q_s + (ch >> 3) * (N * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4)), src, valid);
+    uint4 qv[kChunks];
+    float mx = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      qv[c] = valid ? *reinterpret_cast<const uint4*>(src + 8 * (sub + kPerRow * c)) : make_uint4(0, 0, 0, 0);
+      const uint32_t w[4] = {qv[c].x, qv[c].y, qv[c].z, qv[c].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(w[k] << 16)), fabsf(__uint_as_float(w[k] & 0xffff0000u))));
+    }
+#pragma unroll
+    for (int sh = 1; sh < kPerRow; sh <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
+    int e = 0;
+    if (mx > 0.0f && mx <= 3.0e38f) {  // max · 2^e in [2^14, 2^15); 0, inf and NaN rows keep e = 0
+      (void)frexpf(mx, &e);
+      e = min(max(15 - e, -120), 120);
+    }
+    const float up = ldexpf(1.0f, e);
+    if (sub == 0) reinterpret_cast<float*>(smem + L::qs)[r] = ldexpf(1.0f, -e);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int ch = sub + kPerRow * c;
+      const uint32_t w[4] = {qv[c].x, qv[c].y, qv[c].z, qv[c].w};
+      uint4 h;
+      uint32_t* hv = &h.x;
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        hv[k] = pack_f16(__uint_as_float(w[k] << 16) * up, __uint_as_float(w[k] & 0xffff0000u) * up);
+      *reinterpret_cast<uint4*>(q_s + (ch >> 3) * (N * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) = h;
+    }
   }
-  cp_async_commit();
+  fence_proxy_async();
+  named_bar_sync(kBarMma, kMma);  // the query rows and their scales are in shared memory
 
-  // ---- key loads of a tile into registers (zeros for absent keys) ----
-  const int32_t* const bt_row = p.block_table + int64_t(seq) * p.block_table_stride;
-  uint4 f[kLoads];
-  bool present[2];  // keys 16·warp + lane / 4 and + 8 of the loaded tile (this thread's score rows)
-  auto load_tile = [&](int t) {
-    const int kt = k_begin + t * kTile;
-    const uint8_t* base[6];
-    bool ok[6];
-#pragma unroll
-    for (int i = 0; i < 6; ++i) {
-      const int key = i < 4 ? load_key(i, warp, lane) : load_key(12 + i, warp, lane);
-      const int k = kt + key;
-      ok[i] = false;
-      base[i] = p.kv;
-      if (k < k_end) {
-        const int page = k / p.block_size;
-        const int32_t b = page < p.max_blocks_per_seq ? __ldg(bt_row + page) : -1;
-        if (b >= 0 && b < p.num_blocks) {
-          ok[i] = true;
-          base[i] = p.kv + int64_t(b) * p.kv_stride_block + int64_t(k - page * p.block_size) * p.kv_stride_token;
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int i = j < 16 ? j % 4 : j - 12;
-      f[j] = ok[i] ? load_stream(base[i] + 16 * load_part(j, lane)) : make_uint4(0, 0, 0, 0);
-    }
-    present[0] = ok[4];
-    present[1] = ok[5];
-  };
-  // The loaded tile → bf16 in the swizzled key tile.
-  auto store_tile = [&]() {
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int key = load_key(j, warp, lane), part = load_part(j, lane);
-      const int cc = (part & 3) * 2;  // first of the two 16-byte bf16 chunks in the column block's row
-      uint8_t* const row = kv_s + (part >> 2) * kBlockBytes + key * 128;
-      uint4 lo, hi;
-      lo.x = fp8x2_to_bf16x2(f[j].x & 0xffffu);
-      lo.y = fp8x2_to_bf16x2(f[j].x >> 16);
-      lo.z = fp8x2_to_bf16x2(f[j].y & 0xffffu);
-      lo.w = fp8x2_to_bf16x2(f[j].y >> 16);
-      hi.x = fp8x2_to_bf16x2(f[j].z & 0xffffu);
-      hi.y = fp8x2_to_bf16x2(f[j].z >> 16);
-      hi.z = fp8x2_to_bf16x2(f[j].w & 0xffffu);
-      hi.w = fp8x2_to_bf16x2(f[j].w >> 16);
-      *reinterpret_cast<uint4*>(row + ((cc ^ (key & 7)) << 4)) = lo;
-      *reinterpret_cast<uint4*>(row + (((cc + 1) ^ (key & 7)) << 4)) = hi;
-    }
-  };
-
-  // ---- per-thread state: query rows n(i), their visible keys, running max and sums ----
+  // ---- per-thread state: query rows n(i), their visible keys and score scales, running max and sums ----
   int nvis[kCols];
-  float m[kCols], l[kCols];
+  float m[kCols], l[kCols], row_scale[kCols];  // row_scale: score_scale_log2 · 2^-e_n
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
     const int n = 8 * (i / 2) + 2 * (lane & 3) + (i & 1);
     const int grow = row0 + n;
     nvis[i] =
         grow < p.rows_per_seq ? int(sharding::visible_local_keys(len, p.q_len, grow / p.num_heads, p.shard)) : 0;
+    row_scale[i] = p.score_scale_log2 * reinterpret_cast<const float*>(smem + L::qs)[n];
     m[i] = -INFINITY;
     l[i] = 0.0f;
   }
@@ -225,30 +350,25 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
   const uint32_t kv_addr = smem_addr(kv_s);
   const uint32_t k_lo = kmajor_lo(kv_addr), v_lo = nmajor_lo(kv_addr);
   const uint32_t q_lo = kmajor_lo(smem_addr(q_s)), p_lo = kmajor_lo(smem_addr(p_s));
-  const float scale = p.score_scale_log2;
+  constexpr uint32_t kStage = kTileBytes >> 4;  // one stage in descriptor units
 
   // Accumulators are first written by the tensor cores (the first products overwrite them).
   float o[8][kAcc];         // dim block b: dims 64b + key_a (+ 8), query rows n(i)
   float sa[kQkAccs][kAcc];  // partial scores
 
-  if (ntiles > 0) load_tile(0);
-  cp_async_wait_all();
-  for (int t = 0; t < ntiles; ++t) {
-    const bool pres_a = present[0], pres_b = present[1];
-    store_tile();
-    if (t + 1 < ntiles) load_tile(t + 1);  // in flight while this tile is multiplied
-    fence_proxy_async();
-    named_bar_sync(kBar, kThreads);  // (A) the tile and the query rows are in shared memory
+  // Tile t from stage st (a compile-time constant, so that the operand descriptors stay uniform).
+  auto tile = [&](int t, auto stage) {
+    constexpr int st = decltype(stage)::value;
+    named_bar_sync(kBarFull + st, kThreads);  // tile t is in stage st
 
-    // Sᵀ = K·Qᵀ over 576 dims, in kQkAccs independent accumulators (interleaved k-steps), so that the
-    // tensor cores need not finish one product before starting the next.
+    // Sᵀ = K·Qᵀ over 576 dims, in kQkAccs independent accumulators (interleaved k-steps).
     wgmma_fence();
 #pragma unroll
     for (int a = 0; a < kQkAccs; ++a) fence_regs(sa[a]);
 #pragma unroll
     for (int step = 0; step < 36; ++step) {
       const int c = step / 4, k4 = step % 4;
-      wgmma_n<0>(sa[step % kQkAccs], desc(k_lo + uint32_t((c * kBlockBytes + k4 * 32) >> 4)),
+      wgmma_n<0>(sa[step % kQkAccs], desc(k_lo + st * kStage + uint32_t((c * kBlockBytes + k4 * 32) >> 4)),
                  desc(q_lo + uint32_t((c * N * 128 + k4 * 32) >> 4)), step >= kQkAccs);
     }
     wgmma_commit();
@@ -265,6 +385,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
 
     // Absent keys and keys after a row's causal limit → -inf; column maxima of the warp's 16 keys.
     const int kt = k_begin + t * kTile;
+    const bool pres_a = ok_s[st * kTile + key_a] != 0, pres_b = ok_s[st * kTile + key_a + 8] != 0;
     float mx[kCols];
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
@@ -279,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
 #pragma unroll
       for (int i = 0; i < kCols; ++i) red[warp * N + 8 * (i / 2) + 2 * lane + (i & 1)] = mx[i];
     }
-    named_bar_sync(kBar, kThreads);  // (B)
+    named_bar_sync(kBarMma, kMma);  // (B) every warp's maxima
 
     // New maxima (base-2 logits), P = 2^(S·scale − m) → shared memory, O rescaled.
     float alpha[kCols];
@@ -288,18 +409,17 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
     for (int i = 0; i < kCols; ++i) {
       const int j = i / 2, e = i & 1, n = 8 * j + 2 * (lane & 3) + e;
       const float tile_max = fmaxf(fmaxf(red[n], red[N + n]), fmaxf(red[2 * N + n], red[3 * N + n]));
-      const float m_new = fmaxf(m[i], tile_max * scale);
+      const float m_new = fmaxf(m[i], tile_max * row_scale[i]);
       alpha[i] = rescale_factor(m[i], m_new);
       moved |= alpha[i] != 1.0f;
       m[i] = m_new;
       const float neg_m = m_new == -INFINITY ? 0.0f : -m_new;
-      const float pa = fast_exp2(fmaf(s[4 * j + e], scale, neg_m));
-      const float pb = fast_exp2(fmaf(s[4 * j + 2 + e], scale, neg_m));
+      const float pa = fast_exp2(fmaf(s[4 * j + e], row_scale[i], neg_m));
+      const float pb = fast_exp2(fmaf(s[4 * j + 2 + e], row_scale[i], neg_m));
       l[i] = l[i] * alpha[i] + (pa + pb);
       uint8_t* const prow = p_s + n * 128;
-      const __nv_bfloat16 ba = __float2bfloat16_rn(pa), bb = __float2bfloat16_rn(pb);
-      *reinterpret_cast<__nv_bfloat16*>(prow + (((key_a >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) = ba;
-      *reinterpret_cast<__nv_bfloat16*>(prow + ((((key_a + 8) >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) = bb;
+      *reinterpret_cast<__half*>(prow + (((key_a >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) = __float2half_rn(pa);
+      *reinterpret_cast<__half*>(prow + ((((key_a + 8) >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) = __float2half_rn(pb);
     }
     if (t > 0 && __any_sync(0xffffffffu, moved)) {
 #pragma unroll
@@ -312,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
         }
     }
     fence_proxy_async();
-    named_bar_sync(kBar, kThreads);  // (C) P is in shared memory
+    named_bar_sync(kBarMma, kMma);  // (C) P is in shared memory
 
     // Oᵀ += Vᵀ·Pᵀ: dim block b = column block b of the tile, read M-major; 16 keys per step, the 8 dim
     // blocks (independent accumulators) one after the other.
@@ -323,13 +443,19 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
       for (int b = 0; b < 8; ++b)
-        wgmma_n<1>(o[b], desc(v_lo + uint32_t((b * kBlockBytes + ks * 16 * 128) >> 4)),
+        wgmma_n<1>(o[b], desc(v_lo + st * kStage + uint32_t((b * kBlockBytes + ks * 16 * 128) >> 4)),
                    desc(p_lo + uint32_t((ks * 32) >> 4)), t > 0 || ks > 0);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
     for (int b = 0; b < 8; ++b) fence_regs(o[b]);
-    named_bar_sync(kBar, kThreads);  // (D) the tile and P may be written again
+    // Stage st is free for tile t + 2 (P is written again only after the next (B), which every warp reaches
+    // after this wait).
+    if (t + 2 < ntiles) named_bar_arrive(kBarEmpty + st, kThreads);
+  };
+  for (int t = 0; t < ntiles; t += 2) {
+    tile(t, std::integral_constant<int, 0>{});
+    if (t + 1 < ntiles) tile(t + 1, std::integral_constant<int, 1>{});
   }
 
   // ---- row sums of the 64 keys of the 4 warps ----
@@ -337,13 +463,15 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
   for (int i = 0; i < kCols; ++i)
 #pragma unroll
     for (int sh = 4; sh < 32; sh <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], sh);
+  named_bar_sync(kBarMma, kMma);  // every warp is past its last reads of red and its last product
   if (lane < 4) {
 #pragma unroll
     for (int i = 0; i < kCols; ++i) red[warp * N + 8 * (i / 2) + 2 * lane + (i & 1)] = l[i];
   }
-  named_bar_sync(kBar, kThreads);
+  named_bar_sync(kBarMma, kMma);
 
-  // ---- normalized Oᵀ → the key tile as [N rows][kOutStride] fp32; base-2 LSE per row → p ----
+  // ---- normalized Oᵀ → the ring as [N rows][kOutStride] fp32 (the converter is done with it); base-2 LSE
+  // per row → p ----
   float* const ot = reinterpret_cast<float*>(kv_s);
   float* const row_lse = reinterpret_cast<float*>(p_s);
   const bool none = ntiles == 0;  // O was never written: the rows are 0
@@ -359,8 +487,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_decode_sm90_fp8_kernel(const 
     }
     if (warp == 0 && lane < 4) row_lse[n] = sum > 0.0f ? m[i] + log2f(sum) : -INFINITY;
   }
-  named_bar_sync(kBar, kThreads);
-
+  named_bar_sync(kBarMma, kMma);
   // ---- write: final output (one split) or the partial state (several); a warp per row, 16 columns a lane ----
   const bool direct = nsplits == 1;
   for (int n = warp; n < N; n += 4) {
