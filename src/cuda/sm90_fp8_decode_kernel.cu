@@ -35,9 +35,10 @@
 //   qs  [N] fp32                           2^-e_n of each query row
 //   ok  [2 stages][64] u8                  key present
 // Loads: converter warp w loads keys [16w, 16w + 16) of a tile, 576 bytes each, as 18 loads of 16 bytes per lane:
-// loads 0-15 take 4 keys × 128 contiguous bytes (8 lanes per key), loads 16-17 the last 64 bytes of 8 keys
-// (4 lanes per key). Every load is 32-byte-sector efficient, and the fp16 stores of each load hit every bank
-// group equally (4 wavefronts per 512 bytes, the minimum).
+// load j = 2m + h takes column block m (64 bytes of fp8) of keys 16w + 8h + lane / 4, 4 lanes per key, so a thread
+// reads two keys of a tile (one block-table lookup each, issued two tiles ahead). Every load is 32-byte-sector
+// efficient, and the 16-byte fp16 stores of each quarter warp (two keys of different parity) hit the 8 bank groups
+// once each: 4 wavefronts per store, the minimum.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -136,75 +137,44 @@ template <int N>
 __device__ __forceinline__ void convert_tiles(const DecodeKernelParams& p, uint8_t* smem, int seq, int k_begin,
                                               int k_end, int ntiles) {
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  uint8_t* const kv_s = smem + F8Smem<N>::kv;
+  const int kk = lane >> 2, part = lane & 3;  // keys 16w + kk and + 8; 16-byte part of each 64-byte column block
   uint8_t* const ok_s = smem + F8Smem<N>::ok;
   const int32_t* const bt_row = p.block_table + int64_t(seq) * p.block_table_stride;
-  // Keys of a thread within the tile: loads 0-15 take 16w + 4·(j % 4) + lane / 8, loads 16-17 16w + 8·(j - 16)
-  // + lane / 4; the 16-byte part of the key's 576 bytes: 8·(j / 4) + lane % 8, and 32 + lane % 4.
-  const int key_off[6] = {lane >> 3, 4 + (lane >> 3), 8 + (lane >> 3), 12 + (lane >> 3), lane >> 2, 8 + (lane >> 2)};
-  const int part_lo = lane & 7, part_hi = 32 + (lane & 3);
-  const bool pages_of_16 = p.block_size % 16 == 0;  // the 16 keys of a warp lie in one page (tiles start at
-                                                    // multiples of 64 keys)
-  // Loads of tile t into f (zeros for absent keys); ok: keys 16w + lane / 4 and + 8 present.
-  auto load = [&](uint4(&f)[kLoads], bool(&ok2)[2], int t) {
-    const int k0 = k_begin + t * kTile + 16 * warp;
-    const uint8_t* base[6];
-    bool ok[6];
-    if (pages_of_16) {
-      const int page = p.block_shift >= 0 ? k0 >> p.block_shift : k0 / p.block_size;
-      const int32_t b = k0 < k_end && page < p.max_blocks_per_seq ? __ldg(bt_row + page) : -1;
-      const bool page_ok = b >= 0 && b < p.num_blocks;
-      const uint8_t* const b0 =
-          p.kv + (page_ok ? int64_t(b) * p.kv_stride_block + int64_t(k0 - page * p.block_size) * p.kv_stride_token : 0);
-#pragma unroll
-      for (int i = 0; i < 6; ++i) {
-        ok[i] = page_ok && k0 + key_off[i] < k_end;
-        base[i] = b0 + int64_t(key_off[i]) * p.kv_stride_token;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 6; ++i) {
-        const int k = k0 + key_off[i];
-        ok[i] = false;
-        base[i] = p.kv;
-        if (k < k_end) {
-          const int page = k / p.block_size;
-          const int32_t b = page < p.max_blocks_per_seq ? __ldg(bt_row + page) : -1;
-          if (b >= 0 && b < p.num_blocks) {
-            ok[i] = true;
-            base[i] = p.kv + int64_t(b) * p.kv_stride_block + int64_t(k - page * p.block_size) * p.kv_stride_token;
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int i = j < 16 ? j % 4 : j - 12;
-      const int part = j < 16 ? 8 * (j / 4) + part_lo : part_hi;
-      f[j] = ok[i] ? load_stream(base[i] + 16 * part) : make_uint4(0, 0, 0, 0);
-    }
-    ok2[0] = ok[4];
-    ok2[1] = ok[5];
+  // Block ids of the thread's two keys of tile t (-1: absent), read two tiles before their loads.
+  struct Pages {
+    int32_t b[2];
   };
-  // Store addresses: a per-thread base and the chunk swizzle ((chunk ^ key % 8) · 16), which takes 4 values for
-  // loads 0-15 (key % 8 = lane / 8 or lane / 8 ^ 4; two chunks) and 2 for loads 16-17; the rest of each address
-  // is a constant of the load.
-  uint32_t st_lo[4];  // loads 0-15: [j % 2 · 2 + h], h = first or second 16-byte chunk
-  uint32_t st_hi[2];  // loads 16-17: [h]
-  {
-    const int cc = (lane & 3) * 2, kl = lane >> 3, kh = lane >> 2;
-    const uint32_t b0 = smem_addr(kv_s) + ((lane & 7) >> 2) * kBlockBytes + (16 * warp + kl) * 128;
-    const uint32_t b1 = smem_addr(kv_s) + 8 * kBlockBytes + (16 * warp + kh) * 128;
+  auto lookup = [&](int t) {
+    Pages pg;
 #pragma unroll
-    for (int x = 0; x < 2; ++x)
+    for (int h = 0; h < 2; ++h) {
+      const int k = k_begin + t * kTile + 16 * warp + 8 * h + kk;
+      const int page = p.block_shift >= 0 ? k >> p.block_shift : k / p.block_size;
+      pg.b[h] = t < ntiles && k < k_end && page < p.max_blocks_per_seq ? __ldg(bt_row + page) : -1;
+    }
+    return pg;
+  };
+  // Loads of tile t into f (zeros for absent keys); ok: the two keys present.
+  auto load = [&](uint4(&f)[kLoads], bool(&ok)[2], const Pages& pg, int t) {
+    const uint8_t* base[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) st_lo[2 * x + h] = b0 + (((cc + h) ^ kl ^ (4 * x)) << 4);
+    for (int h = 0; h < 2; ++h) {
+      const int k = k_begin + t * kTile + 16 * warp + 8 * h + kk;
+      const int32_t b = pg.b[h];
+      ok[h] = b >= 0 && b < p.num_blocks;
+      const int row = p.block_shift >= 0 ? k & (p.block_size - 1) : k % p.block_size;
+      base[h] = p.kv + (ok[h] ? int64_t(b) * p.kv_stride_block + int64_t(row) * p.kv_stride_token : 0) + 16 * part;
+    }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) st_hi[h] = b1 + (((cc + h) ^ kh) << 4);
-  }
+    for (int j = 0; j < kLoads; ++j)
+      f[j] = ok[j & 1] ? load_stream(base[j & 1] + 64 * (j >> 1)) : make_uint4(0, 0, 0, 0);
+  };
+  // Store addresses: chunks 2·part and 2·part + 1 of key row 16w + kk (+ 8 for h = 1) of column block m, swizzled
+  // (chunk ^ kk) · 16; the column block (8192 m), the key half (1024 h) and the stage are constants of the store.
+  const uint32_t row_base = smem_addr(smem + F8Smem<N>::kv) + (16 * warp + kk) * 128;
+  const uint32_t st0 = row_base + (((2 * part) ^ kk) << 4), st1 = row_base + (((2 * part + 1) ^ kk) << 4);
   // The loaded tile → fp16 in ring stage `st`, its present keys → ok.
-  auto store = [&](const uint4(&f)[kLoads], const bool(&ok2)[2], int st) {
-    const uint32_t stage = uint32_t(st * kTileBytes);
+  auto store = [&](const uint4(&f)[kLoads], const bool(&ok)[2], int st) {
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
       uint4 lo, hi;
@@ -216,38 +186,46 @@ __device__ __forceinline__ void convert_tiles(const DecodeKernelParams& p, uint8
       hi.y = e4m3x2_to_f16x2(f[j].z >> 16);
       hi.z = e4m3x2_to_f16x2(f[j].w & 0xffffu);
       hi.w = e4m3x2_to_f16x2(f[j].w >> 16);
-      // loads 0-15: column blocks 2·(j / 4) + 0/1 (in the base), keys + 4·(j % 4); loads 16-17: keys + 8
-      const uint32_t off = stage + (j < 16 ? (j / 4) * 2 * kBlockBytes + 4 * (j % 4) * 128 : 8 * (j - 16) * 128);
-      const uint32_t a0 = j < 16 ? st_lo[(j & 1) * 2] : st_hi[0], a1 = j < 16 ? st_lo[(j & 1) * 2 + 1] : st_hi[1];
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a0 + off), "r"(lo.x), "r"(lo.y), "r"(lo.z),
+      const uint32_t off = uint32_t(st * kTileBytes + (j >> 1) * kBlockBytes + (j & 1) * 1024);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st0 + off), "r"(lo.x), "r"(lo.y), "r"(lo.z),
                    "r"(lo.w)
                    : "memory");
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a1 + off), "r"(hi.x), "r"(hi.y), "r"(hi.z),
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st1 + off), "r"(hi.x), "r"(hi.y), "r"(hi.z),
                    "r"(hi.w)
                    : "memory");
     }
-    if ((lane & 3) == 0) {
-      ok_s[st * kTile + 16 * warp + (lane >> 2)] = ok2[0];
-      ok_s[st * kTile + 16 * warp + 8 + (lane >> 2)] = ok2[1];
+    if (part == 0) {
+      ok_s[st * kTile + 16 * warp + kk] = ok[0];
+      ok_s[st * kTile + 16 * warp + 8 + kk] = ok[1];
     }
   };
-  // Two tiles of loads in flight: tile t in f[t % 2], into stage t % 2 once the tensor cores released tile t − 2.
+  // Two tiles of loads in flight: tile t in f[t % 2], into stage t % 2 once the tensor cores released tile t − 2;
+  // the block ids of tiles t + 2 and t + 3 in flight meanwhile.
   uint4 f0[kLoads], f1[kLoads];
   bool ok0[2], ok1[2];
-  if (ntiles > 0) load(f0, ok0, 0);
-  if (ntiles > 1) load(f1, ok1, 1);
+  Pages pg0 = lookup(0), pg1 = lookup(1);
+  if (ntiles > 0) load(f0, ok0, pg0, 0);
+  pg0 = lookup(2);
+  if (ntiles > 1) load(f1, ok1, pg1, 1);
+  pg1 = lookup(3);
   for (int t = 0; t < ntiles; t += 2) {
     if (t >= 2) named_bar_sync(kBarEmpty + 0, kThreads);
     store(f0, ok0, 0);
     fence_proxy_async();
     named_bar_arrive(kBarFull + 0, kThreads);
-    if (t + 2 < ntiles) load(f0, ok0, t + 2);
+    if (t + 2 < ntiles) {
+      load(f0, ok0, pg0, t + 2);
+      pg0 = lookup(t + 4);
+    }
     if (t + 1 < ntiles) {
       if (t >= 1) named_bar_sync(kBarEmpty + 1, kThreads);
       store(f1, ok1, 1);
       fence_proxy_async();
       named_bar_arrive(kBarFull + 1, kThreads);
-      if (t + 3 < ntiles) load(f1, ok1, t + 3);
+      if (t + 3 < ntiles) {
+        load(f1, ok1, pg1, t + 3);
+        pg1 = lookup(t + 5);
+      }
     }
   }
 }
