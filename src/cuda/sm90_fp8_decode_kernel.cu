@@ -72,6 +72,11 @@ constexpr int kBarMma = 1, kBarFull = 2 /* + stage */, kBarEmpty = 4 /* + stage 
 #define MLADCP_FP8_QK_ACCS_32 1
 #endif
 
+// Bulk L2 prefetches of the keys two tiles ahead of the loads (0: none, for comparisons).
+#ifndef MLADCP_FP8_L2_PREFETCH
+#define MLADCP_FP8_L2_PREFETCH 1
+#endif
+
 template <int N>
 struct F8Smem {
   static constexpr int kv = 0;
@@ -199,34 +204,54 @@ __device__ __forceinline__ void convert_tiles(const DecodeKernelParams& p, uint8
       ok_s[st * kTile + 16 * warp + 8 + kk] = ok[1];
     }
   };
+  // The thread's two keys of tile t into L2 (bulk prefetches of 576 bytes, by one lane of the four per key).
+  auto prefetch = [&](const Pages& pg, int t) {
+    if (!MLADCP_FP8_L2_PREFETCH || part != 0) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int k = k_begin + t * kTile + 16 * warp + 8 * h + kk;
+      const int32_t b = pg.b[h];
+      if (b < 0 || b >= p.num_blocks) continue;
+      const int row = p.block_shift >= 0 ? k & (p.block_size - 1) : k % p.block_size;
+      const uint8_t* const a = p.kv + int64_t(b) * p.kv_stride_block + int64_t(row) * p.kv_stride_token;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(a), "n"(kF8RowBytes) : "memory");
+    }
+  };
   // Two tiles of loads in flight: tile t in f[t % 2], into stage t % 2 once the tensor cores released tile t − 2;
-  // the block ids of tiles t + 2 and t + 3 in flight meanwhile.
+  // meanwhile tiles t + 2 and t + 3 are prefetched into L2 and the block ids of t + 4 and t + 5 are read.
+  // At the top of iteration t: ids[0..3] = block ids of tiles t + 2 .. t + 5.
   uint4 f0[kLoads], f1[kLoads];
   bool ok0[2], ok1[2];
-  Pages pg0 = lookup(0), pg1 = lookup(1);
-  if (ntiles > 0) load(f0, ok0, pg0, 0);
-  pg0 = lookup(2);
-  if (ntiles > 1) load(f1, ok1, pg1, 1);
-  pg1 = lookup(3);
+  {
+    const Pages pg0 = lookup(0), pg1 = lookup(1);
+    if (ntiles > 0) load(f0, ok0, pg0, 0);
+    if (ntiles > 1) load(f1, ok1, pg1, 1);
+  }
+  Pages ids[4] = {lookup(2), lookup(3), lookup(4), lookup(5)};
+  prefetch(ids[0], 2);
+  prefetch(ids[1], 3);
   for (int t = 0; t < ntiles; t += 2) {
     if (t >= 2) named_bar_sync(kBarEmpty + 0, kThreads);
     store(f0, ok0, 0);
     fence_proxy_async();
     named_bar_arrive(kBarFull + 0, kThreads);
-    if (t + 2 < ntiles) {
-      load(f0, ok0, pg0, t + 2);
-      pg0 = lookup(t + 4);
-    }
+    if (t + 2 < ntiles) load(f0, ok0, ids[0], t + 2);
+    prefetch(ids[2], t + 4);
+    ids[0] = lookup(t + 6);
     if (t + 1 < ntiles) {
       if (t >= 1) named_bar_sync(kBarEmpty + 1, kThreads);
       store(f1, ok1, 1);
       fence_proxy_async();
       named_bar_arrive(kBarFull + 1, kThreads);
-      if (t + 3 < ntiles) {
-        load(f1, ok1, pg1, t + 3);
-        pg1 = lookup(t + 5);
-      }
+      if (t + 3 < ntiles) load(f1, ok1, ids[1], t + 3);
+      prefetch(ids[3], t + 5);
+      ids[1] = lookup(t + 7);
     }
+    const Pages a = ids[0], b = ids[1];
+    ids[0] = ids[2];
+    ids[1] = ids[3];
+    ids[2] = a;
+    ids[3] = b;
   }
 }
 
