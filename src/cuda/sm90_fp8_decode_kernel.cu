@@ -57,25 +57,16 @@ namespace {
 using namespace sm90;
 
 constexpr int kTile = 64;                     // keys per tile
-// Tensor-core warpgroups: two for 16 rows (tiles t % 2 == g, one ring stage each), one for 32 rows (register
-// budget: its accumulators are twice as large); and the converter warpgroup.
-template <int N>
-constexpr int kGroups = N == 16 ? 2 : 1;
-template <int N>
-constexpr int kThreadsOf = 128 * (kGroups<N> + 1);
-constexpr int kRing = 256;  // threads at a ring barrier: the converter and one tensor-core warpgroup
-// Registers per thread with two tensor-core warpgroups (setmaxnreg; 128 · (2 · 152 + 208) = 65536).
-constexpr int kMmaRegs = 152, kConverterRegs = 208;
+constexpr int kThreads = 256;                 // the tensor-core and the converter warpgroups
 constexpr int kBlockBytes = kSm90BlockBytes;  // [64 keys][128 B]: 64 dims of a tile
 constexpr int kTileBytes = 9 * kBlockBytes;   // 73728
 constexpr int kLoads = 18;                    // 16-byte fp8 loads per converter thread and tile
 constexpr int kOutStride = kLatentDim + 4;    // floats per row of the transposed output (conflict-free stores)
-// Named barriers (0 is __syncthreads): each tensor-core warpgroup among itself; the ring; both tensor-core
-// warpgroups together.
-constexpr int kBarMma = 1 /* + group */, kBarFull = 3 /* + stage */, kBarEmpty = 5 /* + stage */, kBarAllMma = 7;
+// Named barriers (0 is __syncthreads): the tensor-core warpgroup among itself; the ring.
+constexpr int kBarMma = 1, kBarFull = 2 /* + stage */, kBarEmpty = 4 /* + stage */;
 // Independent score accumulators (16 and 32 rows per CTA).
 #ifndef MLADCP_FP8_QK_ACCS_16
-#define MLADCP_FP8_QK_ACCS_16 2
+#define MLADCP_FP8_QK_ACCS_16 4
 #endif
 #ifndef MLADCP_FP8_QK_ACCS_32
 #define MLADCP_FP8_QK_ACCS_32 1
@@ -90,13 +81,12 @@ template <int N>
 struct F8Smem {
   static constexpr int kv = 0;
   static constexpr int q = kv + 2 * kTileBytes;
-  static constexpr int p = q + 9 * N * 128;            // [groups][N][128 B]
-  static constexpr int red = p + 2 * N * 128;           // [groups][4][N] fp32
-  static constexpr int qs = red + 2 * 4 * N * 4;        // [N] fp32
-  static constexpr int stats = qs + N * 4;              // [groups][2][N] fp32: row max and sum of each group
-  static constexpr int ok = stats + 2 * 2 * N * 4;      // [2][64] u8
+  static constexpr int p = q + 9 * N * 128;
+  static constexpr int red = p + N * 128;
+  static constexpr int qs = red + 4 * N * 4;
+  static constexpr int ok = qs + N * 4;
   static constexpr int total = ok + 2 * kTile;
-  static_assert(q % 1024 == 0 && p % 1024 == 0 && (N * 128) % 1024 == 0, "alignment of the swizzled tiles");
+  static_assert(q % 1024 == 0 && p % 1024 == 0, "alignment of the swizzled tiles");
   static_assert(N * kOutStride * 4 <= 2 * kTileBytes, "the transposed output fits the ring");
 };
 static_assert(F8Smem<32>::total <= 227 * 1024, "shared memory of one Hopper CTA");
@@ -241,18 +231,18 @@ __device__ __forceinline__ void convert_tiles(const DecodeKernelParams& p, uint8
   prefetch(ids[0], 2);
   prefetch(ids[1], 3);
   for (int t = 0; t < ntiles; t += 2) {
-    if (t >= 2) named_bar_sync(kBarEmpty + 0, kRing);
+    if (t >= 2) named_bar_sync(kBarEmpty + 0, kThreads);
     store(f0, ok0, 0);
     fence_proxy_async();
-    named_bar_arrive(kBarFull + 0, kRing);
+    named_bar_arrive(kBarFull + 0, kThreads);
     if (t + 2 < ntiles) load(f0, ok0, ids[0], t + 2);
     prefetch(ids[2], t + 4);
     ids[0] = lookup(t + 6);
     if (t + 1 < ntiles) {
-      if (t >= 1) named_bar_sync(kBarEmpty + 1, kRing);
+      if (t >= 1) named_bar_sync(kBarEmpty + 1, kThreads);
       store(f1, ok1, 1);
       fence_proxy_async();
-      named_bar_arrive(kBarFull + 1, kRing);
+      named_bar_arrive(kBarFull + 1, kThreads);
       if (t + 3 < ntiles) load(f1, ok1, ids[1], t + 3);
       prefetch(ids[3], t + 5);
       ids[1] = lookup(t + 7);
@@ -266,28 +256,19 @@ __device__ __forceinline__ void convert_tiles(const DecodeKernelParams& p, uint8
 }
 
 template <int N>
-__global__ void __launch_bounds__(kThreadsOf<N>, 1) mla_decode_sm90_fp8_kernel(const DecodeKernelParams p) {
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const DecodeKernelParams p) {
   using L = F8Smem<N>;
-  constexpr int G = kGroups<N>;
   constexpr int kAcc = N / 2;   // accumulator floats per thread of an m64nN product
   constexpr int kCols = N / 4;  // query rows of a thread: n = 8·(i / 2) + 2·(lane % 4) + i % 2
   constexpr int kQkAccs = N == 16 ? MLADCP_FP8_QK_ACCS_16 : MLADCP_FP8_QK_ACCS_32;
-  constexpr int kMma = 128;     // threads of a tensor-core warpgroup
+  constexpr int kMma = 128;     // threads of the tensor-core warpgroup
   extern __shared__ __align__(1024) uint8_t smem[];
-  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
-  const int g = tid >> 7;  // tensor-core warpgroup (g < G), or the converter (g == G)
   uint8_t* const kv_s = smem + L::kv;
   uint8_t* const q_s = smem + L::q;
-  uint8_t* const p_s = smem + L::p + (g < G ? g : 0) * N * 128;
-  float* const red = reinterpret_cast<float*>(smem + L::red) + (g < G ? g : 0) * 4 * N;
+  uint8_t* const p_s = smem + L::p;
+  float* const red = reinterpret_cast<float*>(smem + L::red);
   const uint8_t* const ok_s = smem + L::ok;
-  // Both tensor-core warpgroups (or the one) among themselves.
-  auto all_mma_sync = [&]() {
-    if constexpr (G == 2)
-      named_bar_sync(kBarAllMma, 2 * kMma);
-    else
-      named_bar_sync(kBarMma, kMma);
-  };
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
 
   int64_t bid = blockIdx.x;
   const int rc = int(bid % p.row_chunks);
@@ -303,15 +284,13 @@ __global__ void __launch_bounds__(kThreadsOf<N>, 1) mla_decode_sm90_fp8_kernel(c
   const int ntiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
   const int row0 = rc * N;
 
-  if (g == G) {
-    if constexpr (G == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConverterRegs));
+  if (tid >= kMma) {
     convert_tiles<N>(p, smem, seq, k_begin, k_end, ntiles);
     return;
   }
-  if constexpr (G == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kMmaRegs));
 
-  // ---- query rows → q: fp16, row n scaled by 2^e_n (rows past the sequence's R rows are zero); warpgroup 0 ----
-  if (g == 0) {
+  // ---- query rows → q: fp16, row n scaled by 2^e_n (rows past the sequence's R rows are zero) ----
+  {
     constexpr int kPerRow = kMma / N;             // threads per row: 8 or 4, neighbouring lanes
     constexpr int kChunks = kRowChunks / kPerRow;  // 16-byte chunks (8 values) per thread: 9 or 18
     const int r = tid / kPerRow, sub = tid % kPerRow;
@@ -354,7 +333,7 @@ __global__ void __launch_bounds__(kThreadsOf<N>, 1) mla_decode_sm90_fp8_kernel(c
     }
   }
   fence_proxy_async();
-  all_mma_sync();  // the query rows and their scales are in shared memory
+  named_bar_sync(kBarMma, kMma);  // the query rows and their scales are in shared memory
 
   // ---- per-thread state: query rows n(i), their visible keys and score scales, running max and sums ----
   int nvis[kCols];
@@ -383,8 +362,7 @@ __global__ void __launch_bounds__(kThreadsOf<N>, 1) mla_decode_sm90_fp8_kernel(c
   // Tile t from stage st (a compile-time constant, so that the operand descriptors stay uniform).
   auto tile = [&](int t, auto stage) {
     constexpr int st = decltype(stage)::value;
-    const bool first = t < G;  // this warpgroup's first tile: the products overwrite O
-    named_bar_sync(kBarFull + st, kRing);  // tile t is in stage st
+    named_bar_sync(kBarFull + st, kThreads);  // tile t is in stage st
 
     // Sᵀ = K·Qᵀ over 576 dims, in kQkAccs independent accumulators (interleaved k-steps).
     wgmma_fence();
@@ -425,7 +403,7 @@ __global__ void __launch_bounds__(kThreadsOf<N>, 1) mla_decode_sm90_fp8_kernel(c
 #pragma unroll
       for (int i = 0; i < kCols; ++i) red[warp * N + 8 * (i / 2) + 2 * lane + (i & 1)] = mx[i];
     }
-    named_bar_sync(kBarMma + g, kMma);  // (B) every warp's maxima
+    named_bar_sync(kBarMma, kMma);  // (B) every warp's maxima
 
     // New maxima (base-2 logits), P = 2^(S·scale − m) → shared memory, O rescaled.
     float alpha[kCols];
@@ -446,7 +424,7 @@ __global__ void __launch_bounds__(kThreadsOf<N>, 1) mla_decode_sm90_fp8_kernel(c
       *reinterpret_cast<__half*>(prow + (((key_a >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) = __float2half_rn(pa);
       *reinterpret_cast<__half*>(prow + ((((key_a + 8) >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) = __float2half_rn(pb);
     }
-    if (!first && __any_sync(0xffffffffu, moved)) {
+    if (t > 0 && __any_sync(0xffffffffu, moved)) {
 #pragma unroll
       for (int b = 0; b < 8; ++b)
 #pragma unroll
@@ -457,7 +435,7 @@ __global__ void __launch_bounds__(kThreadsOf<N>, 1) mla_decode_sm90_fp8_kernel(c
         }
     }
     fence_proxy_async();
-    named_bar_sync(kBarMma + g, kMma);  // (C) P is in shared memory
+    named_bar_sync(kBarMma, kMma);  // (C) P is in shared memory
 
     // Oᵀ += Vᵀ·Pᵀ: dim block b = column block b of the tile, read M-major; 16 keys per step, the 8 dim
     // blocks (independent accumulators) one after the other.
@@ -469,94 +447,53 @@ __global__ void __launch_bounds__(kThreadsOf<N>, 1) mla_decode_sm90_fp8_kernel(c
 #pragma unroll
       for (int b = 0; b < 8; ++b)
         wgmma_n<1>(o[b], desc(v_lo + st * kStage + uint32_t((b * kBlockBytes + ks * 16 * 128) >> 4)),
-                   desc(p_lo + uint32_t((ks * 32) >> 4)), !first || ks > 0);
+                   desc(p_lo + uint32_t((ks * 32) >> 4)), t > 0 || ks > 0);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
     for (int b = 0; b < 8; ++b) fence_regs(o[b]);
     // Stage st is free for tile t + 2 (P is written again only after the next (B), which every warp reaches
     // after this wait).
-    if (t + 2 < ntiles) named_bar_arrive(kBarEmpty + st, kRing);
+    if (t + 2 < ntiles) named_bar_arrive(kBarEmpty + st, kThreads);
   };
-  if constexpr (G == 2) {  // warpgroup g: the tiles of stage g
-    if (g == 0)
-      for (int t = 0; t < ntiles; t += 2) tile(t, std::integral_constant<int, 0>{});
-    else
-      for (int t = 1; t < ntiles; t += 2) tile(t, std::integral_constant<int, 1>{});
-  } else {
-    for (int t = 0; t < ntiles; t += 2) {
-      tile(t, std::integral_constant<int, 0>{});
-      if (t + 1 < ntiles) tile(t + 1, std::integral_constant<int, 1>{});
-    }
+  for (int t = 0; t < ntiles; t += 2) {
+    tile(t, std::integral_constant<int, 0>{});
+    if (t + 1 < ntiles) tile(t + 1, std::integral_constant<int, 1>{});
   }
-  const bool none = g >= ntiles;  // this warpgroup multiplied no tile: its O was never written
 
-  // ---- row sums of the warpgroup's keys (its 4 warps) ----
+  // ---- row sums of the 64 keys of the 4 warps ----
 #pragma unroll
   for (int i = 0; i < kCols; ++i)
 #pragma unroll
     for (int sh = 4; sh < 32; sh <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], sh);
-  named_bar_sync(kBarMma + g, kMma);  // every warp is past its last reads of red and its last product
+  named_bar_sync(kBarMma, kMma);  // every warp is past its last reads of red and its last product
   if (lane < 4) {
 #pragma unroll
     for (int i = 0; i < kCols; ++i) red[warp * N + 8 * (i / 2) + 2 * lane + (i & 1)] = l[i];
   }
-  named_bar_sync(kBarMma + g, kMma);
-  // Row max and sum of each warpgroup → the merged row: factor c of this warpgroup's O, base-2 LSE.
-  float* const stats = reinterpret_cast<float*>(smem + L::stats);  // [G][2][N]
-  float c[kCols], lse2[kCols];
-#pragma unroll
-  for (int i = 0; i < kCols; ++i) {
-    const int n = 8 * (i / 2) + 2 * (lane & 3) + (i & 1);
-    const float sum = red[n] + red[N + n] + red[2 * N + n] + red[3 * N + n];
-    if (warp == 0 && lane < 4) {
-      stats[(g * 2 + 0) * N + n] = m[i];
-      stats[(g * 2 + 1) * N + n] = sum;
-    }
-    c[i] = sum;
-  }
-  all_mma_sync();
-#pragma unroll
-  for (int i = 0; i < kCols; ++i) {
-    const int n = 8 * (i / 2) + 2 * (lane & 3) + (i & 1);
-    float mx = -INFINITY, total = 0.0f;
-#pragma unroll
-    for (int h = 0; h < G; ++h) mx = fmaxf(mx, stats[(h * 2) * N + n]);
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      const float mh = stats[(h * 2) * N + n];
-      total += mh == -INFINITY ? 0.0f : stats[(h * 2 + 1) * N + n] * fast_exp2(mh - mx);
-    }
-    c[i] = total > 0.0f && m[i] != -INFINITY ? p.out_scale * fast_exp2(m[i] - mx) / total : 0.0f;
-    lse2[i] = total > 0.0f ? mx + log2f(total) : -INFINITY;
-  }
+  named_bar_sync(kBarMma, kMma);
 
-  // ---- merged normalized Oᵀ → the ring as [N rows][kOutStride] fp32 (the converter is done with it; warpgroup 0
-  // writes, warpgroup 1 adds); base-2 LSE per row → p of warpgroup 0 ----
+  // ---- normalized Oᵀ → the ring as [N rows][kOutStride] fp32 (the converter is done with it); base-2 LSE
+  // per row → p ----
   float* const ot = reinterpret_cast<float*>(kv_s);
-  float* const row_lse = reinterpret_cast<float*>(smem + L::p);
+  float* const row_lse = reinterpret_cast<float*>(p_s);
+  const bool none = ntiles == 0;  // O was never written: the rows are 0
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
-    if (g == h) {
+  for (int i = 0; i < kCols; ++i) {
+    const int j = i / 2, e = i & 1, n = 8 * j + 2 * (lane & 3) + e;
+    const float sum = red[n] + red[N + n] + red[2 * N + n] + red[3 * N + n];
+    const float inv = sum > 0.0f ? p.out_scale / sum : 0.0f;
 #pragma unroll
-      for (int i = 0; i < kCols; ++i) {
-        const int j = i / 2, e = i & 1, n = 8 * j + 2 * (lane & 3) + e;
-#pragma unroll
-        for (int b = 0; b < 8; ++b) {
-          const float v0 = none ? 0.0f : o[b][4 * j + e] * c[i], v1 = none ? 0.0f : o[b][4 * j + 2 + e] * c[i];
-          float* const d = ot + n * kOutStride + 64 * b + key_a;
-          d[0] = h == 0 ? v0 : d[0] + v0;
-          d[8] = h == 0 ? v1 : d[8] + v1;
-        }
-        if (h == 0 && warp == 0 && lane < 4) row_lse[n] = lse2[i];
-      }
+    for (int b = 0; b < 8; ++b) {
+      ot[n * kOutStride + 64 * b + key_a] = none ? 0.0f : o[b][4 * j + e] * inv;
+      ot[n * kOutStride + 64 * b + key_a + 8] = none ? 0.0f : o[b][4 * j + 2 + e] * inv;
     }
-    all_mma_sync();
+    if (warp == 0 && lane < 4) row_lse[n] = sum > 0.0f ? m[i] + log2f(sum) : -INFINITY;
   }
-
+  named_bar_sync(kBarMma, kMma);
   // ---- write: final output (one split) or the partial state (several); a warp per row, 16 columns a lane ----
   const bool direct = nsplits == 1;
-  for (int n = tid >> 5; n < N; n += 4 * G) {
+  for (int n = warp; n < N; n += 4) {
     const int grow = row0 + n;
     if (grow >= p.rows_per_seq) break;
     const int i = grow / p.num_heads, h = grow - i * p.num_heads;
@@ -611,11 +548,9 @@ cudaError_t set_sm90_fp8_decode_smem() {
 
 cudaError_t launch_sm90_fp8_decode(const DecodeKernelParams& p, int64_t grid, cudaStream_t stream) {
   if (p.rows_per_cta == 16)
-    mla_decode_sm90_fp8_kernel<16>
-        <<<dim3(unsigned(grid)), dim3(kThreadsOf<16>), size_t(F8Smem<16>::total), stream>>>(p);
+    mla_decode_sm90_fp8_kernel<16><<<dim3(unsigned(grid)), dim3(kThreads), size_t(F8Smem<16>::total), stream>>>(p);
   else
-    mla_decode_sm90_fp8_kernel<32>
-        <<<dim3(unsigned(grid)), dim3(kThreadsOf<32>), size_t(F8Smem<32>::total), stream>>>(p);
+    mla_decode_sm90_fp8_kernel<32><<<dim3(unsigned(grid)), dim3(kThreads), size_t(F8Smem<32>::total), stream>>>(p);
   return cudaGetLastError();
 }
 
