@@ -123,12 +123,11 @@ struct KernelChoice {
   size_t smem = 0;        // dynamic shared memory per CTA
 };
 
-// The Hopper kernel takes bf16 calls with more than 16 query rows per sequence (H · q_len, packed 64
-// per CTA, 17-32 rows leave half of the CTA's rows empty) whose pages its copies handle. Sequences of at
-// most 16 rows are memory-bound: the portable 16-row kernel, two CTAs per SM, keeps more bytes in flight
-// there than the Hopper kernel's two 64-key stages (docs/perf/gpu-sm90-ws-2026-12-01.md); at 32 rows the
-// Hopper kernel with half its rows empty ran up to 1.3x faster than the portable 32-row kernel
-// (docs/perf/dcp-emulated-grid-2026-12-01.md). Other pages run the portable kernel.
+// The Hopper kernel takes bf16 calls with more than opt.portable_max_rows_on_hopper (8) query rows per sequence
+// (H · q_len, packed 64 per CTA, the rest of the CTA's rows empty) whose pages its copies handle: with the
+// balanced schedule it reads 16-row sequences (16 heads, DeepSeek-V3 at TP 8) 10-16% faster than the portable
+// 16-row kernel, two CTAs per SM (docs/perf/gpu-sm90-fp8-2026-12-01.md); at 32 rows up to 1.3x
+// (docs/perf/dcp-emulated-grid-2026-12-01.md). Fewer rows and other pages run the portable kernel.
 // fp8 caches with at most opt.hopper_fp8_max_rows query rows per sequence take the Hopper fp8 kernel (16 or
 // 32 rows per CTA, any page size; more rows in chunks of 32); the others the portable kernel.
 KernelChoice choose_kernel(const MlaDecodeParams& p, const DeviceState& dev, const CudaBackendOptions& opt) {
@@ -142,8 +141,7 @@ KernelChoice choose_kernel(const MlaDecodeParams& p, const DeviceState& dev, con
     return k;
   }
   k.sm90 = opt.hopper_kernel && !opt.single_stage && dev.sm90 && !fp8 && p.num_blocks >= 1 &&
-           rows > opt.portable_max_rows_on_hopper &&
-           cuda_impl::sm90_decode_block_size_ok(p.block_size);
+           rows > opt.portable_max_rows_on_hopper && cuda_impl::sm90_decode_block_size_ok(p.block_size);
   if (k.sm90) {
     k.rows_per_cta = 64;
     k.smem = cuda_impl::sm90_decode_smem_bytes();

@@ -31,8 +31,10 @@ namespace mladcp::cuda_plan {
 inline constexpr int kTileTokens = 64;  // keys per pipeline stage
 
 // On Hopper (sm_90) the bf16 calls with more query rows per sequence than this run the Hopper kernel (64 rows
-// per CTA); the others the portable 16-row kernel, two CTAs per SM (cuda_backend.cpp, choose_kernel).
-inline constexpr int kPortableMaxRowsOnHopper = 16;
+// per CTA); the others the portable 16-row kernel, two CTAs per SM (cuda_backend.cpp, choose_kernel). 16 rows
+// moved to the Hopper kernel once it passed Sm90Decode.FewRowsOnTheHopperKernel (1-16 rows) on the H200: 10-16%
+// faster there (docs/perf/gpu-sm90-fp8-2026-12-01.md); at most 8 rows stay (unmeasured).
+inline constexpr int kPortableMaxRowsOnHopper = 8;
 
 // On Hopper the fp8 calls with at most this many query rows per sequence run the Hopper fp8 kernel (16 or 32
 // rows per CTA); the others the portable kernel (cuda_backend.cpp, choose_kernel).

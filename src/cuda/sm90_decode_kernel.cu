@@ -50,12 +50,12 @@ namespace {
 using namespace sm90;
 
 constexpr int kRows = 64;
-constexpr int kTile = 64;                    // keys per tile
-constexpr int kSubTiles = 9;                 // 64-dim column blocks of a tile
-constexpr int kConsumerThreads = 256;        // two consumer warpgroups
-constexpr int kThreads = 384;                // + the producer warpgroup
+constexpr int kTile = 64;                     // keys per tile
+constexpr int kSubTiles = 9;                  // 64-dim column blocks of a tile
+constexpr int kConsumerThreads = 256;         // two consumer warpgroups
+constexpr int kThreads = 384;                 // + the producer warpgroup
 constexpr int kBlockBytes = kSm90BlockBytes;  // one 64-dim column block of a 64-row tile
-constexpr int kTileBytes = 9 * kBlockBytes;  // 73728: 64 rows × 576 bf16
+constexpr int kTileBytes = 9 * kBlockBytes;   // 73728: 64 rows × 576 bf16
 // The CTA starts with 168 registers per thread (launch bounds); the consumers can only take what the producer
 // gives back: 128 · (168 − 40) = 256 · (232 − 168). (More for the producer and setmaxnreg.inc never returns.)
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;

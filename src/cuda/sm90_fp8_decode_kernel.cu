@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   constexpr int kAcc = N / 2;   // accumulator floats per thread of an m64nN product
   constexpr int kCols = N / 4;  // query rows of a thread: n = 8·(i / 2) + 2·(lane % 4) + i % 2
   constexpr int kQkAccs = N == 16 ? MLADCP_FP8_QK_ACCS_16 : MLADCP_FP8_QK_ACCS_32;
-  constexpr int kMma = 128;     // threads of the tensor-core warpgroup
+  constexpr int kMma = 128;  // threads of the tensor-core warpgroup
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* const kv_s = smem + L::kv;
   uint8_t* const q_s = smem + L::q;
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
 
   // ---- query rows → q: fp16, row n scaled by 2^e_n (rows past the sequence's R rows are zero) ----
   {
-    constexpr int kPerRow = kMma / N;             // threads per row: 8 or 4, neighbouring lanes
+    constexpr int kPerRow = kMma / N;              // threads per row: 8 or 4, neighbouring lanes
     constexpr int kChunks = kRowChunks / kPerRow;  // 16-byte chunks (8 values) per thread: 9 or 18
     const int r = tid / kPerRow, sub = tid % kPerRow;
     const int grow = row0 + r;
@@ -342,8 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   for (int i = 0; i < kCols; ++i) {
     const int n = 8 * (i / 2) + 2 * (lane & 3) + (i & 1);
     const int grow = row0 + n;
-    nvis[i] =
-        grow < p.rows_per_seq ? int(sharding::visible_local_keys(len, p.q_len, grow / p.num_heads, p.shard)) : 0;
+    nvis[i] = grow < p.rows_per_seq ? int(sharding::visible_local_keys(len, p.q_len, grow / p.num_heads, p.shard)) : 0;
     row_scale[i] = p.score_scale_log2 * reinterpret_cast<const float*>(smem + L::qs)[n];
     m[i] = -INFINITY;
     l[i] = 0.0f;

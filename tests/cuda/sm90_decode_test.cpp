@@ -62,7 +62,8 @@ std::vector<synthetic::Config> hopper_shapes() {
   return {
       config(64, 1, 1, {0, 1, 63, 64, 65, 333}, 201),                      // block size 1: portable fallback
       config(64, 1, 48, {47, 48, 49, 700}, 202),                           // block size 48: portable fallback
-      config(16, 1, 64, {4097, 0, 130, 1}, 210),                           // 16 rows: the portable kernel
+      config(16, 1, 64, {4097, 0, 130, 1}, 210),                           // 16 rows: the Hopper kernel
+      config(8, 1, 64, {4097, 0, 130, 1}, 221),                            // 8 rows: the portable kernel
       config(16, 4, 64, {4, 200, 2049, 0}, 211),                           // 16 heads × q_len 4 = 64 rows packed
       config(128, 2, 64, {2, 700, 4100}, 212),                             // q_len 2: four row chunks
       config(24, 3, 64, {3, 65, 1000}, 213),                               // 72 rows: two chunks, 8 in the second
@@ -103,8 +104,8 @@ TEST(Sm90Decode, PortableKernelOnTheSameShapes) {
   for (const synthetic::Config& cfg : hopper_shapes()) EXPECT_TRUE(matches_oracle(*portable, cfg, "portable"));
 }
 
-// Sequences of at most 16 query rows on the Hopper kernel too (CudaBackendOptions::portable_max_rows_on_hopper =
-// 0; by default they keep the portable 16-row kernel): 1-16 rows in a 64-row CTA, the rest of its rows empty.
+// Sequences of at most 16 query rows on the Hopper kernel (CudaBackendOptions::portable_max_rows_on_hopper = 0;
+// by default at most 8 rows keep the portable 16-row kernel): 1-16 rows in a 64-row CTA, the rest empty.
 TEST(Sm90Decode, FewRowsOnTheHopperKernel) {
   MLADCP_SKIP_WITHOUT_GPU();
   CudaBackendOptions o;
@@ -126,20 +127,20 @@ TEST(Sm90Decode, FewRowsOnTheHopperKernel) {
 std::vector<synthetic::Config> fp8_shapes() {
   const DType f8 = DType::kFP8E4M3;
   return {
-      config(16, 1, 64, {4097, 0, 130, 1, 2049}, 240, f8),                 // 16 heads: DeepSeek-V3 at TP 8
-      config(16, 2, 64, {2, 700, 4100}, 241, f8),                          // 32 rows of two tokens (causal)
-      config(8, 4, 32, {4, 33, 2100}, 242, f8),                            // q_len 4, pages of 32 keys
-      config(1, 1, 16, {0, 17, 900}, 243, f8),                             // one row, pages of 16 keys
-      config(24, 1, 1, {1, 63, 64, 65, 333}, 244, f8),                     // pages of 1 key, 24 rows
-      config(16, 1, 48, {47, 48, 49, 700}, 245, f8),                       // pages of 48 keys
-      config(32, 1, 128, {127, 129, 4300}, 246, f8),                       // pages of 128 keys, 32 rows
-      config(16, 1, 64, {9000}, 247, f8),                                  // one sequence, five splits
-      config(16, 1, 64, {1, 64, 65, 640, 0, 2047, 2048, 2049}, 248, f8),   // eight sequences, one empty
-      config(16, 1, 64, {5000, 33, 777}, 249, f8, {4, 2, 16}),             // DCP rank 2 of 4, interleave 16
-      config(16, 2, 32, {3, 300, 5000}, 250, f8, {2, 1, 1}),               // DCP rank 1 of 2, interleave 1
-      config(8, 4, 64, {4, 200, 4500}, 251, f8, {4, 3, 64}),               // DCP rank 3 of 4, interleave 64
-      config(16, 3, 16, {0, 3, 4, 130}, 252, f8, {4, 0, 2}),               // rows whose local keys are all masked
-      config(16, 1, 64, {128, 192, 2048, 2111}, 253, f8, {}, 3.0f),        // whole tiles, another scale
+      config(16, 1, 64, {4097, 0, 130, 1, 2049}, 240, f8),                // 16 heads: DeepSeek-V3 at TP 8
+      config(16, 2, 64, {2, 700, 4100}, 241, f8),                         // 32 rows of two tokens (causal)
+      config(8, 4, 32, {4, 33, 2100}, 242, f8),                           // q_len 4, pages of 32 keys
+      config(1, 1, 16, {0, 17, 900}, 243, f8),                            // one row, pages of 16 keys
+      config(24, 1, 1, {1, 63, 64, 65, 333}, 244, f8),                    // pages of 1 key, 24 rows
+      config(16, 1, 48, {47, 48, 49, 700}, 245, f8),                      // pages of 48 keys
+      config(32, 1, 128, {127, 129, 4300}, 246, f8),                      // pages of 128 keys, 32 rows
+      config(16, 1, 64, {9000}, 247, f8),                                 // one sequence, five splits
+      config(16, 1, 64, {1, 64, 65, 640, 0, 2047, 2048, 2049}, 248, f8),  // eight sequences, one empty
+      config(16, 1, 64, {5000, 33, 777}, 249, f8, {4, 2, 16}),            // DCP rank 2 of 4, interleave 16
+      config(16, 2, 32, {3, 300, 5000}, 250, f8, {2, 1, 1}),              // DCP rank 1 of 2, interleave 1
+      config(8, 4, 64, {4, 200, 4500}, 251, f8, {4, 3, 64}),              // DCP rank 3 of 4, interleave 64
+      config(16, 3, 16, {0, 3, 4, 130}, 252, f8, {4, 0, 2}),              // rows whose local keys are all masked
+      config(16, 1, 64, {128, 192, 2048, 2111}, 253, f8, {}, 3.0f),       // whole tiles, another scale
   };
 }
 
@@ -162,9 +163,9 @@ TEST(Sm90Fp8Decode, ManyRowsInChunksOf32) {
   auto all = make_cuda_backend(o);
   const DType f8 = DType::kFP8E4M3;
   for (const synthetic::Config& cfg : {
-           config(128, 1, 64, {4097, 0, 130}, 260, f8),               // 128 heads: four chunks
-           config(64, 2, 32, {2, 700, 2100}, 261, f8),                // 128 rows of two tokens
-           config(40, 1, 64, {65, 1000}, 262, f8, {2, 0, 1}),         // 40 rows: a chunk of 8, DCP rank 0 of 2
+           config(128, 1, 64, {4097, 0, 130}, 260, f8),        // 128 heads: four chunks
+           config(64, 2, 32, {2, 700, 2100}, 261, f8),         // 128 rows of two tokens
+           config(40, 1, 64, {65, 1000}, 262, f8, {2, 0, 1}),  // 40 rows: a chunk of 8, DCP rank 0 of 2
        })
     EXPECT_TRUE(matches_oracle(*all, cfg, "hopper fp8 (all rows)"));
 }
