@@ -273,7 +273,8 @@ int main(int argc, char** argv) {
     else if (name == "fp8")
       policies.push_back({"mladcp-fp8", false, mladcp::SplitPolicy::kBatchInvariant, true, nullptr, true});
     else if (name == "fp8-portable")
-      policies.push_back({"mladcp-fp8-portable", false, mladcp::SplitPolicy::kBatchInvariant, true, portable.get(), true});
+      policies.push_back(
+          {"mladcp-fp8-portable", false, mladcp::SplitPolicy::kBatchInvariant, true, portable.get(), true});
     else if (name == "fp8-all")
       policies.push_back({"mladcp-fp8-all", false, mladcp::SplitPolicy::kBatchInvariant, true, fp8_all.get(), true});
     else {
