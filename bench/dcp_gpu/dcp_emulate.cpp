@@ -305,6 +305,8 @@ int run_calibrate(const Args& a) {
   cal.device.two_per_sm_max_rows =
       dev.compute_major == 9 && dev.compute_minor == 0 ? cuda_plan::kPortableMaxRowsOnHopper : 32;
   cal.device.balanced_schedule = dev.compute_major == 9 && dev.compute_minor == 0;
+  // fp8 caches of at most 32 rows per sequence: the Hopper fp8 kernel, one CTA per SM (the portable one: two).
+  cal.device.fp8_small_ctas_per_sm = dev.compute_major == 9 && dev.compute_minor == 0 ? 1 : 2;
   plan::PerfModel check;
   die(plan::PerfModel::create(cal, &check), "the measured calibration");
   std::ofstream(a.calibrate) << plan::calibration_to_json(cal);

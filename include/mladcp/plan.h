@@ -92,9 +92,12 @@ struct DeviceParams {
   double memory_gb = 0;         // HBM per GPU (decimal GB)
   int64_t base_split_keys = 0;  // keys per split of the batch-invariant plan (the kernel's unit of work)
   int rows_per_cta = 64;        // (token, head) rows one CTA takes; more rows run as row chunks
-  // Most rows per sequence that run the portable 16/32-row CTAs, two per SM (32; 16 where the Hopper
-  // kernel takes 17 rows and more). Optional in the file; 32 when absent.
+  // Most bf16 rows per sequence that run the portable 16/32-row CTAs, two per SM (32; 8 where the Hopper
+  // kernel takes 9 rows and more). Optional in the file; 32 when absent.
   int two_per_sm_max_rows = 32;
+  // CTAs per SM of the 16/32-row fp8 kernel (fp8 caches of at most 32 rows per sequence): 2 for the portable
+  // kernel, 1 for the Hopper fp8 kernel. Optional in the file; 2 when absent.
+  int fp8_small_ctas_per_sm = 2;
   // kFillDevice takes the balanced schedule on the 64-row kernel where its split plan would run several
   // waves of several splits (the Hopper kernel; cuda_plan::make_plan). Optional in the file; false when absent.
   bool balanced_schedule = false;

@@ -77,6 +77,7 @@ Status parse_root(const Fields& root, Calibration* cal) {
   MLADCP_RETURN_IF_ERROR(dev.integer_as("base_split_keys", 1, kMaxInt, &cal->device.base_split_keys));
   MLADCP_RETURN_IF_ERROR(dev.integer_as("rows_per_cta", 1, 4096, &cal->device.rows_per_cta));
   MLADCP_RETURN_IF_ERROR(dev.integer_as("two_per_sm_max_rows", 0, 32, &cal->device.two_per_sm_max_rows, false));
+  MLADCP_RETURN_IF_ERROR(dev.integer_as("fp8_small_ctas_per_sm", 1, 2, &cal->device.fp8_small_ctas_per_sm, false));
   MLADCP_RETURN_IF_ERROR(dev.boolean("balanced_schedule", &cal->device.balanced_schedule, false));
 
   size_t n = 0;
@@ -254,6 +255,7 @@ std::string calibration_to_json(const Calibration& cal) {
                        {"base_split_keys", cal.device.base_split_keys},
                        {"rows_per_cta", cal.device.rows_per_cta},
                        {"two_per_sm_max_rows", cal.device.two_per_sm_max_rows},
+                       {"fp8_small_ctas_per_sm", cal.device.fp8_small_ctas_per_sm},
                        {"balanced_schedule", cal.device.balanced_schedule}}},
                      {"kernel", kernel},
                      {"merge", merge},

@@ -13,15 +13,17 @@ namespace {
 
 int row_chunks(int rows, int rows_per_cta) { return std::max(1, (rows + rows_per_cta - 1) / rows_per_cta); }
 
-// Most rows per sequence on the portable two-per-SM CTAs: fp8 caches always run the portable kernel.
+// Most rows per sequence on the 16/32-row CTAs: fp8 caches up to 32 rows (the portable or the Hopper fp8
+// kernel), bf16 up to two_per_sm_max_rows (the portable kernel).
 int small_rows_max(const DeviceParams& dev, DType kv_dtype) {
-  return kv_dtype == DType::kFP8E4M3 ? 32 : dev.two_per_sm_max_rows;
+  return kv_dtype == DType::kFP8E4M3 ? cuda_plan::kHopperFp8MaxRows : dev.two_per_sm_max_rows;
 }
-// Query rows of a decode rounded up to the CTA shapes of the kernel: 16, 32 (the portable two-per-SM CTAs,
-// up to small_rows_max), or whole row chunks.
+// Query rows of a decode rounded up to the CTA shapes of the kernel: 16, 32 (the 16/32-row CTAs, up to
+// small_rows_max), or whole row chunks.
 int row_class(int rows, const DeviceParams& dev, DType kv_dtype) {
-  if (rows <= 16 && dev.rows_per_cta >= 16 && small_rows_max(dev, kv_dtype) >= 16) return 16;
-  if (rows <= 32 && dev.rows_per_cta >= 32 && small_rows_max(dev, kv_dtype) >= 32) return 32;
+  const int small = small_rows_max(dev, kv_dtype);
+  if (rows <= 16 && rows <= small && dev.rows_per_cta >= 16) return 16;
+  if (rows <= 32 && rows <= small && dev.rows_per_cta >= 32) return 32;
   return row_chunks(rows, dev.rows_per_cta) * dev.rows_per_cta;
 }
 
@@ -110,9 +112,10 @@ const AlphaBeta& alpha_beta(const FabricParams& f, CollectiveOp op) {
 
 KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t batch, int64_t keys, DType kv_dtype) {
   const int rows = heads * q_len;
-  const bool small = rows <= small_rows_max(dev, kv_dtype) && dev.rows_per_cta >= 32;  // 16/32-row CTAs, two per SM
+  const bool small = rows <= small_rows_max(dev, kv_dtype) && dev.rows_per_cta >= 32;  // 16/32-row CTAs
+  const bool fp8 = kv_dtype == DType::kFP8E4M3;
   KernelGrid g;
-  g.wave_ctas = int64_t(std::max(1, dev.sms)) * (small ? 2 : 1);
+  g.wave_ctas = int64_t(std::max(1, dev.sms)) * (small ? (fp8 ? std::max(1, dev.fp8_small_ctas_per_sm) : 2) : 1);
   const int64_t base = std::max<int64_t>(1, batch) * (small ? 1 : row_chunks(rows, dev.rows_per_cta));
   const int invariant = int(std::min<int64_t>(dev.base_split_keys, int64_t(1) << 30));
   g.split_keys = cuda_plan::fill_split_tokens(keys, base, g.wave_ctas, invariant);

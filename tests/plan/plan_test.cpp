@@ -359,14 +359,19 @@ TEST(PlanModel, KernelGridFollowsTheSplitPlan) {
   EXPECT_EQ(g.ctas, 256);
 }
 
-// two_per_sm_max_rows = 16 (Hopper): 32 bf16 rows take one 64-row CTA per sequence, one per SM; fp8 keeps
-// the portable 32-row CTAs, two per SM; 32 (the default) keeps both on the portable CTAs.
+// two_per_sm_max_rows = 8 (Hopper): 16 and 32 bf16 rows take one 64-row CTA per sequence, one per SM, 8 rows the
+// portable 16-row CTAs, two per SM; fp8 keeps 16/32-row CTAs, fp8_small_ctas_per_sm per SM; 32 (the default)
+// keeps bf16 on the portable CTAs.
 TEST(PlanModel, KernelGridFollowsTheRowsOfThePortableKernel) {
   DeviceParams dev = shipped().device;
-  dev.two_per_sm_max_rows = 16;
+  dev.two_per_sm_max_rows = 8;
+  dev.fp8_small_ctas_per_sm = 1;
   EXPECT_EQ(kernel_grid(dev, 32, 1, 128, 4096, DType::kBF16).wave_ctas, dev.sms);
   EXPECT_EQ(kernel_grid(dev, 16, 2, 128, 4096, DType::kBF16).wave_ctas, dev.sms);
-  EXPECT_EQ(kernel_grid(dev, 16, 1, 128, 4096, DType::kBF16).wave_ctas, 2 * dev.sms);
+  EXPECT_EQ(kernel_grid(dev, 16, 1, 128, 4096, DType::kBF16).wave_ctas, dev.sms);
+  EXPECT_EQ(kernel_grid(dev, 8, 1, 128, 4096, DType::kBF16).wave_ctas, 2 * dev.sms);
+  EXPECT_EQ(kernel_grid(dev, 32, 1, 128, 4096, DType::kFP8E4M3).wave_ctas, dev.sms);
+  dev.fp8_small_ctas_per_sm = 2;
   EXPECT_EQ(kernel_grid(dev, 32, 1, 128, 4096, DType::kFP8E4M3).wave_ctas, 2 * dev.sms);
   dev.two_per_sm_max_rows = 32;
   EXPECT_EQ(kernel_grid(dev, 32, 1, 128, 4096, DType::kBF16).wave_ctas, 2 * dev.sms);
