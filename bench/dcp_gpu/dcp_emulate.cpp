@@ -269,7 +269,8 @@ int run_calibrate(const Args& a) {
   const Rows kinds[] = {{8, 1, DType::kBF16},     {16, 1, DType::kBF16},    {32, 1, DType::kBF16},
                         {64, 1, DType::kBF16},    {128, 1, DType::kBF16},   {256, 1, DType::kBF16},
                         {16, 2, DType::kBF16},    {64, 2, DType::kBF16},    {128, 2, DType::kBF16},
-                        {16, 1, DType::kFP8E4M3}, {64, 1, DType::kFP8E4M3}, {128, 1, DType::kFP8E4M3}};
+                        {16, 1, DType::kFP8E4M3}, {16, 2, DType::kFP8E4M3}, {64, 1, DType::kFP8E4M3},
+                        {128, 1, DType::kFP8E4M3}};
   for (const Rows& k : kinds) {
     for (const Shape& s : shapes) {
       Timing t;
