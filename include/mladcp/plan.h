@@ -180,7 +180,8 @@ class PerfModel {
   // The fitted kernel classes, for reports: (dtype, rows) → a (µs), b (µs per 1000 key·sequences).
   struct KernelClass {
     DType kv_dtype = DType::kBF16;
-    int rows = 0;
+    int rows = 0;            // 16 or 32 on the 16/32-row CTAs; a partial chunk (multiple of 16) or whole chunks
+    bool small_cta = false;  // the 16/32-row CTAs
     double a_us = 0, b_us_per_kkey = 0;
     int points = 0;
   };

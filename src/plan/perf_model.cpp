@@ -18,13 +18,19 @@ int row_chunks(int rows, int rows_per_cta) { return std::max(1, (rows + rows_per
 int small_rows_max(const DeviceParams& dev, DType kv_dtype) {
   return kv_dtype == DType::kFP8E4M3 ? cuda_plan::kHopperFp8MaxRows : dev.two_per_sm_max_rows;
 }
-// Query rows of a decode rounded up to the CTA shapes of the kernel: 16, 32 (the 16/32-row CTAs, up to
-// small_rows_max), or whole row chunks.
-int row_class(int rows, const DeviceParams& dev, DType kv_dtype) {
+// The cost class of a decode's query rows: on the 16/32-row CTAs (up to small_rows_max) 16 or 32; on the 64-row
+// kernel a partial chunk rounded up to 16 rows (a chunk of 16 rows is memory-bound where 64 are compute-bound, and
+// the kernel does the same tensor work for both), else whole row chunks.
+struct RowClass {
+  int rows = 0;
+  bool small_cta = false;
+};
+RowClass row_class(int rows, const DeviceParams& dev, DType kv_dtype) {
   const int small = small_rows_max(dev, kv_dtype);
-  if (rows <= 16 && rows <= small && dev.rows_per_cta >= 16) return 16;
-  if (rows <= 32 && rows <= small && dev.rows_per_cta >= 32) return 32;
-  return row_chunks(rows, dev.rows_per_cta) * dev.rows_per_cta;
+  if (rows <= 16 && rows <= small && dev.rows_per_cta >= 16) return {16, true};
+  if (rows <= 32 && rows <= small && dev.rows_per_cta >= 32) return {32, true};
+  if (rows < dev.rows_per_cta) return {(rows + 15) / 16 * 16, false};
+  return {row_chunks(rows, dev.rows_per_cta) * dev.rows_per_cta, false};
 }
 
 struct KernelFeatures {
@@ -158,11 +164,12 @@ Status PerfModel::create(const Calibration& cal, PerfModel* out) {
   std::vector<int> class_of(cal.kernel.size());
   for (size_t i = 0; i < cal.kernel.size(); ++i) {
     const KernelPoint& p = cal.kernel[i];
-    const int rows = row_class(p.heads * p.q_len, dev, p.kv_dtype);
-    auto it = std::find_if(classes.begin(), classes.end(),
-                           [&](const KernelClass& c) { return c.kv_dtype == p.kv_dtype && c.rows == rows; });
+    const RowClass rc = row_class(p.heads * p.q_len, dev, p.kv_dtype);
+    auto it = std::find_if(classes.begin(), classes.end(), [&](const KernelClass& c) {
+      return c.kv_dtype == p.kv_dtype && c.rows == rc.rows && c.small_cta == rc.small_cta;
+    });
     if (it == classes.end()) {
-      classes.push_back({p.kv_dtype, rows, 0, 0, 0});
+      classes.push_back({p.kv_dtype, rc.rows, rc.small_cta, 0, 0, 0});
       it = classes.end() - 1;
     }
     it->points++;
@@ -319,21 +326,23 @@ Status PerfModel::kernel_us(const KernelQuery& q, double* us) const {
   if (q.batch < 1) return Status::InvalidArgument("kernel query: batch must be >= 1, got " + std::to_string(q.batch));
   if (q.keys < 1) return Status::InvalidArgument("kernel query: keys must be >= 1, got " + std::to_string(q.keys));
   const DeviceParams& dev = cal_.device;
-  const int rows = row_class(q.heads * q.q_len, dev, q.kv_dtype);
+  const RowClass rc = row_class(q.heads * q.q_len, dev, q.kv_dtype);
+  const int rows = rc.rows;
   const KernelClass* ref = nullptr;
   for (const KernelClass& c : classes_) {
     if (c.kv_dtype != q.kv_dtype) continue;
-    if (c.rows == rows) {
+    if (c.rows == rows && c.small_cta == rc.small_cta) {
       ref = &c;
       break;
     }
-    // Nearest class: fewest chunks apart, then the nearest row count, then the larger one.
+    // Nearest class: the same CTA kind, then fewest chunks apart, then the nearest row count, then the larger one.
     if (ref == nullptr) {
       ref = &c;
       continue;
     }
     const auto key = [&](const KernelClass& k) {
-      return std::make_tuple(std::abs(row_chunks(k.rows, dev.rows_per_cta) - row_chunks(rows, dev.rows_per_cta)),
+      return std::make_tuple(k.small_cta != rc.small_cta,
+                             std::abs(row_chunks(k.rows, dev.rows_per_cta) - row_chunks(rows, dev.rows_per_cta)),
                              std::abs(k.rows - rows), -k.rows);
     };
     if (key(c) < key(*ref)) ref = &c;

@@ -186,15 +186,16 @@ TEST(PlanModel, KernelTimeGrowsWithWork) {
         prev = t;
       }
     }
-    // More heads never take less time on one kernel: up to 32 rows (the 16/32-row kernel) and from 64 rows on
-    // (64-row CTAs, time growing with the row chunks). Across that boundary the kernels differ: the
-    // calibrated 64-row Hopper kernel may take no longer for 64 heads than the 32-row kernel for 32.
+    // More heads never take less time on one kernel: up to 32 rows and from 64 rows on (64-row CTAs, time
+    // growing with the row chunks). Across that boundary the kernels differ: the calibrated 64-row Hopper kernel
+    // may take no longer for 64 heads than for 32. Up to 32 rows the 64-row kernel does the same tensor work for
+    // 16 and 32 rows, so their fitted classes may differ by a fraction of a percent either way.
     for (const auto& family : {std::vector<int>{8, 16, 32}, std::vector<int>{64, 128, 256, 512}}) {
       double prev = 0;
       for (int heads : family) {
         double t = 0;
         ASSERT_TRUE(m.kernel_us({heads, 1, 32, 32768, d}, &t).ok());
-        EXPECT_GE(t, prev * 0.999) << heads << " heads";
+        EXPECT_GE(t, prev * 0.99) << heads << " heads";
         prev = t;
       }
     }
@@ -294,6 +295,7 @@ GridTerms grid_terms(const DeviceParams& dev, int heads, int64_t batch, int64_t 
 Calibration synthetic_calibration() {
   Calibration cal = shipped();
   cal.kernel.clear();
+  cal.device.two_per_sm_max_rows = 16;  // 16 heads on the 16-row CTAs, two per SM: waves differ between the classes
   // time = 20 + 0.5 · batch·keys/1000 (16 rows) and 30 + 1.0 · ... (128 rows), + 10 · under-fill + 6 · waves
   // + 0.5 · combine depth.
   const auto t = [&](int heads, int64_t batch, int64_t keys) {
@@ -342,7 +344,7 @@ TEST(PlanModel, FitRecoversASyntheticModel) {
 }
 
 // The grid the model sees is the cuda backend's default plan: one split of 4096 keys for 64 sequences of
-// 4K at 128 heads (one wave of 128 CTAs), 16-row CTAs two per SM.
+// 4K at 128 heads (one wave of 128 CTAs), 8 heads on the 16-row CTAs two per SM.
 TEST(PlanModel, KernelGridFollowsTheSplitPlan) {
   DeviceParams dev = shipped().device;
   dev.balanced_schedule = false;  // the split plan (KernelGridFollowsTheBalancedSchedule: the other)
@@ -354,7 +356,7 @@ TEST(PlanModel, KernelGridFollowsTheSplitPlan) {
   EXPECT_EQ(g.split_keys, 2048);
   EXPECT_EQ(g.ctas, 128 * 2 * 4);
   EXPECT_EQ(g.waves(), 8);
-  g = kernel_grid(dev, 16, 1, 128, 4096);
+  g = kernel_grid(dev, 8, 1, 128, 4096);
   EXPECT_EQ(g.wave_ctas, 2 * dev.sms);
   EXPECT_EQ(g.ctas, 256);
 }
