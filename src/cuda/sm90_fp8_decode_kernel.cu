@@ -120,11 +120,23 @@ __device__ __forceinline__ void wgmma_n(float (&d)[A], uint64_t a, uint64_t b, i
 }
 
 // 16 bytes of the cache, not kept in L1 (each byte is read once per CTA).
+// MLADCP_FP8_LOAD: 0 plain, 1 with the L2 256-byte prefetch hint, 2 L1-allocating (comparisons).
+#ifndef MLADCP_FP8_LOAD
+#define MLADCP_FP8_LOAD 0
+#endif
 __device__ __forceinline__ uint4 load_stream(const uint8_t* ptr) {
   uint4 v;
+#if MLADCP_FP8_LOAD == 1
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+#elif MLADCP_FP8_LOAD == 2
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+#else
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(ptr));
+#endif
   return v;
 }
 
