@@ -120,9 +120,10 @@ __device__ __forceinline__ void wgmma_n(float (&d)[A], uint64_t a, uint64_t b, i
 }
 
 // 16 bytes of the cache, not kept in L1 (each byte is read once per CTA).
-// MLADCP_FP8_LOAD: 0 plain, 1 with the L2 256-byte prefetch hint, 2 L1-allocating (comparisons).
+// MLADCP_FP8_LOAD: 1 (default) with the L2 256-byte prefetch hint (0.5-1.4% faster than 0, run 12 of
+// docs/perf/gpu-sm90-fp8-2026-12-01.md), 0 plain, 2 L1-allocating (comparisons).
 #ifndef MLADCP_FP8_LOAD
-#define MLADCP_FP8_LOAD 0
+#define MLADCP_FP8_LOAD 1
 #endif
 __device__ __forceinline__ uint4 load_stream(const uint8_t* ptr) {
   uint4 v;
