@@ -137,6 +137,26 @@ __device__ __forceinline__ int clamped_len(const DecodeKernelParams& p, int b) {
   return len < 0 ? 0 : (len > p.max_seq_len ? p.max_seq_len : len);
 }
 
+// The work of a CTA of the split schedule: its row chunk, split and sequence (from blockIdx.x: row chunks
+// fastest, then splits, then sequences), the sequence's global length and its split's local keys
+// [k_begin, k_end). False when the split lies past the sequence's split count (the CTA exits).
+struct SplitWork {
+  int rc, split, seq, len, nsplits, k_begin, k_end;
+};
+__device__ __forceinline__ bool split_work(const DecodeKernelParams& p, SplitWork& w) {
+  int64_t bid = blockIdx.x;
+  w.rc = int(bid % p.row_chunks);
+  bid /= p.row_chunks;
+  w.split = int(bid % p.max_splits);
+  w.seq = int(bid / p.max_splits);
+  w.len = clamped_len(p, w.seq);
+  const int n_max = int(sharding::local_len(w.len, p.shard.world, p.shard.rank, p.shard.interleave));
+  w.nsplits = cuda_plan::num_splits(n_max, p.split_len);
+  w.k_begin = w.split * p.split_len;
+  w.k_end = min(w.k_begin + p.split_len, n_max);
+  return w.split < w.nsplits;
+}
+
 template <int MT, bool kFp8>
 __global__ void __launch_bounds__(split_threads(MT), MT == 1 ? 2 : 1)
     mla_decode_split_kernel(const DecodeKernelParams p) {
@@ -165,20 +185,12 @@ __global__ void __launch_bounds__(split_threads(MT), MT == 1 ? 2 : 1)
   uint8_t* const tok_ok = smem + L.tok_ok;                            // [2][T], by tile parity
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  int64_t bid = blockIdx.x;
-  const int rc = int(bid % p.row_chunks);
-  bid /= p.row_chunks;
-  const int split = int(bid % p.max_splits);
-  const int seq = int(bid / p.max_splits);
-
-  const int len = clamped_len(p, seq);
-  const int n_max = int(sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave));
-  const int nsplits = cuda_plan::num_splits(n_max, p.split_len);
-  if (split >= nsplits) return;
-  const int k_begin = split * p.split_len;
-  const int k_end = min(k_begin + p.split_len, n_max);
+  SplitWork work;
+  if (!split_work(p, work)) return;
+  const int seq = work.seq, split = work.split, len = work.len, nsplits = work.nsplits;
+  const int k_begin = work.k_begin, k_end = work.k_end;
   const int ntiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
-  const int row0 = rc * M;
+  const int row0 = work.rc * M;
 
   // ---- query rows → q_s (zero rows past the sequence's R rows) ----
   for (int c = tid; c < M * kRowChunks; c += kThreads) {

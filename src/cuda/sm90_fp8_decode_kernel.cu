@@ -243,23 +243,20 @@ __device__ __forceinline__ void convert_tiles(const DecodeKernelParams& p, uint8
   Pages ids[4] = {lookup(2), lookup(3), lookup(4), lookup(5)};
   prefetch(ids[0], 2);
   prefetch(ids[1], 3);
-  for (int t = 0; t < ntiles; t += 2) {
-    if (t >= 2) named_bar_sync(kBarEmpty + 0, kThreads);
-    store(f0, ok0, 0);
+  // Tile t from f into stage st; then the loads of tile t + 2 into f, the L2 prefetch of tile t + 4 (block ids
+  // `later`) and the block ids of tile t + 6 (into `next`, which held those of t + 2).
+  auto step = [&](uint4(&f)[kLoads], bool(&ok)[2], Pages& next, const Pages& later, int st, int t) {
+    if (t >= 2) named_bar_sync(kBarEmpty + st, kThreads);
+    store(f, ok, st);
     fence_proxy_async();
-    named_bar_arrive(kBarFull + 0, kThreads);
-    if (t + 2 < ntiles) load(f0, ok0, ids[0], t + 2);
-    prefetch(ids[2], t + 4);
-    ids[0] = lookup(t + 6);
-    if (t + 1 < ntiles) {
-      if (t >= 1) named_bar_sync(kBarEmpty + 1, kThreads);
-      store(f1, ok1, 1);
-      fence_proxy_async();
-      named_bar_arrive(kBarFull + 1, kThreads);
-      if (t + 3 < ntiles) load(f1, ok1, ids[1], t + 3);
-      prefetch(ids[3], t + 5);
-      ids[1] = lookup(t + 7);
-    }
+    named_bar_arrive(kBarFull + st, kThreads);
+    if (t + 2 < ntiles) load(f, ok, next, t + 2);
+    prefetch(later, t + 4);
+    next = lookup(t + 6);
+  };
+  for (int t = 0; t < ntiles; t += 2) {
+    step(f0, ok0, ids[0], ids[2], 0, t);
+    if (t + 1 < ntiles) step(f1, ok1, ids[1], ids[3], 1, t + 1);
     const Pages a = ids[0], b = ids[1];
     ids[0] = ids[2];
     ids[1] = ids[3];
@@ -283,19 +280,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   const uint8_t* const ok_s = smem + L::ok;
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
 
-  int64_t bid = blockIdx.x;
-  const int rc = int(bid % p.row_chunks);
-  bid /= p.row_chunks;
-  const int split = int(bid % p.max_splits);
-  const int seq = int(bid / p.max_splits);
-  const int len = clamped_len(p, seq);
-  const int n_max = int(sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave));
-  const int nsplits = cuda_plan::num_splits(n_max, p.split_len);
-  if (split >= nsplits) return;
-  const int k_begin = split * p.split_len;
-  const int k_end = min(k_begin + p.split_len, n_max);
+  SplitWork work;
+  if (!split_work(p, work)) return;
+  const int seq = work.seq, split = work.split, len = work.len, nsplits = work.nsplits;
+  const int k_begin = work.k_begin, k_end = work.k_end;
   const int ntiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
-  const int row0 = rc * N;
+  const int row0 = work.rc * N;
 
   if (tid >= kMma) {
     convert_tiles<N>(p, smem, seq, k_begin, k_end, ntiles);
