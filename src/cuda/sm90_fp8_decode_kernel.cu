@@ -64,14 +64,6 @@ constexpr int kLoads = 18;                    // 16-byte fp8 loads per converter
 constexpr int kOutStride = kLatentDim + 4;    // floats per row of the transposed output (conflict-free stores)
 // Named barriers (0 is __syncthreads): the tensor-core warpgroup among itself; the ring.
 constexpr int kBarMma = 1, kBarFull = 2 /* + stage */, kBarEmpty = 4 /* + stage */;
-// Independent score accumulators (16 and 32 rows per CTA).
-#ifndef MLADCP_FP8_QK_ACCS_16
-#define MLADCP_FP8_QK_ACCS_16 4
-#endif
-#ifndef MLADCP_FP8_QK_ACCS_32
-#define MLADCP_FP8_QK_ACCS_32 1
-#endif
-
 // Bulk L2 prefetches of the keys two tiles ahead of the loads (0: none, for comparisons).
 #ifndef MLADCP_FP8_L2_PREFETCH
 #define MLADCP_FP8_L2_PREFETCH 1
@@ -119,25 +111,13 @@ __device__ __forceinline__ void wgmma_n(float (&d)[A], uint64_t a, uint64_t b, i
     wgmma_n32<kTransA>(d, a, b, accumulate);
 }
 
-// 16 bytes of the cache, not kept in L1 (each byte is read once per CTA).
-// MLADCP_FP8_LOAD: 1 (default) with the L2 256-byte prefetch hint (0.5-1.4% faster than 0, run 12 of
-// docs/perf/gpu-sm90-fp8-2026-12-01.md), 0 plain, 2 L1-allocating (comparisons).
-#ifndef MLADCP_FP8_LOAD
-#define MLADCP_FP8_LOAD 1
-#endif
+// 16 bytes of the cache, not kept in L1 (each byte is read once per CTA), with the L2 256-byte prefetch hint
+// (0.5-1.4% faster than without; L1-allocating loads were slower: run 12 of docs/perf/gpu-sm90-fp8-2026-12-01.md).
 __device__ __forceinline__ uint4 load_stream(const uint8_t* ptr) {
   uint4 v;
-#if MLADCP_FP8_LOAD == 1
   asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(ptr));
-#elif MLADCP_FP8_LOAD == 2
-  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
-#else
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr));
-#endif
   return v;
 }
 
@@ -270,8 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   using L = F8Smem<N>;
   constexpr int kAcc = N / 2;   // accumulator floats per thread of an m64nN product
   constexpr int kCols = N / 4;  // query rows of a thread: n = 8·(i / 2) + 2·(lane % 4) + i % 2
-  constexpr int kQkAccs = N == 16 ? MLADCP_FP8_QK_ACCS_16 : MLADCP_FP8_QK_ACCS_32;
-  constexpr int kMma = 128;  // threads of the tensor-core warpgroup
+  constexpr int kMma = 128;     // threads of the tensor-core warpgroup
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* const kv_s = smem + L::kv;
   uint8_t* const q_s = smem + L::q;
@@ -358,35 +337,26 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   constexpr uint32_t kStage = kTileBytes >> 4;  // one stage in descriptor units
 
   // Accumulators are first written by the tensor cores (the first products overwrite them).
-  float o[8][kAcc];         // dim block b: dims 64b + key_a (+ 8), query rows n(i)
-  float sa[kQkAccs][kAcc];  // partial scores
+  float o[8][kAcc];  // dim block b: dims 64b + key_a (+ 8), query rows n(i)
+  float s[kAcc];     // scores: keys key_a (+ 8), query rows n(i)
 
   // Tile t from stage st (a compile-time constant, so that the operand descriptors stay uniform).
   auto tile = [&](int t, auto stage) {
     constexpr int st = decltype(stage)::value;
     named_bar_sync(kBarFull + st, kThreads);  // tile t is in stage st
 
-    // Sᵀ = K·Qᵀ over 576 dims, in kQkAccs independent accumulators (interleaved k-steps).
+    // Sᵀ = K·Qᵀ over 576 dims (independent accumulators for interleaved k-steps measured no faster: runs 3, 5).
     wgmma_fence();
+    fence_regs(s);
 #pragma unroll
-    for (int a = 0; a < kQkAccs; ++a) fence_regs(sa[a]);
+    for (int c = 0; c < 9; ++c)
 #pragma unroll
-    for (int step = 0; step < 36; ++step) {
-      const int c = step / 4, k4 = step % 4;
-      wgmma_n<0>(sa[step % kQkAccs], desc(k_lo + st * kStage + uint32_t((c * kBlockBytes + k4 * 32) >> 4)),
-                 desc(q_lo + uint32_t((c * N * 128 + k4 * 32) >> 4)), step >= kQkAccs);
-    }
+      for (int k4 = 0; k4 < 4; ++k4)
+        wgmma_n<0>(s, desc(k_lo + st * kStage + uint32_t((c * kBlockBytes + k4 * 32) >> 4)),
+                   desc(q_lo + uint32_t((c * N * 128 + k4 * 32) >> 4)), c > 0 || k4 > 0);
     wgmma_commit();
     wgmma_wait<0>();
-#pragma unroll
-    for (int a = 0; a < kQkAccs; ++a) fence_regs(sa[a]);
-    float s[kAcc];
-#pragma unroll
-    for (int x = 0; x < kAcc; ++x) {
-      s[x] = sa[0][x];
-#pragma unroll
-      for (int a = 1; a < kQkAccs; ++a) s[x] += sa[a][x];
-    }
+    fence_regs(s);
 
     // Absent keys and keys after a row's causal limit → -inf; column maxima of the warp's 16 keys.
     const int kt = k_begin + t * kTile;
