@@ -128,8 +128,10 @@ struct KernelChoice {
 // balanced schedule it reads 16-row sequences (16 heads, DeepSeek-V3 at TP 8) 10-16% faster than the portable
 // 16-row kernel, two CTAs per SM (docs/perf/gpu-sm90-fp8-2026-12-01.md); at 32 rows up to 1.3x
 // (docs/perf/dcp-emulated-grid-2026-12-01.md). Fewer rows and other pages run the portable kernel.
-// fp8 caches with at most opt.hopper_fp8_max_rows query rows per sequence take the Hopper fp8 kernel (16 or
-// 32 rows per CTA, any page size; more rows in chunks of 32); the others the portable kernel.
+// fp8 caches with at most opt.hopper_fp8_max_rows (32) query rows per sequence take the Hopper fp8 kernel (16
+// or 32 rows per CTA, any page size; more rows in chunks of 32 when the option is raised); with more rows, the
+// Hopper kernel (converting the fp8 tiles in its ring) on the pages its copies handle; the others the portable
+// kernel.
 KernelChoice choose_kernel(const MlaDecodeParams& p, const DeviceState& dev, const CudaBackendOptions& opt) {
   KernelChoice k;
   const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
@@ -140,8 +142,9 @@ KernelChoice choose_kernel(const MlaDecodeParams& p, const DeviceState& dev, con
     k.smem = cuda_impl::sm90_fp8_decode_smem_bytes(k.rows_per_cta);
     return k;
   }
-  k.sm90 = opt.hopper_kernel && !opt.single_stage && dev.sm90 && !fp8 && p.num_blocks >= 1 &&
-           rows > opt.portable_max_rows_on_hopper && cuda_impl::sm90_decode_block_size_ok(p.block_size);
+  k.sm90 = opt.hopper_kernel && !opt.single_stage && dev.sm90 && p.num_blocks >= 1 &&
+           rows > (fp8 ? opt.hopper_fp8_max_rows : opt.portable_max_rows_on_hopper) &&
+           cuda_impl::sm90_decode_block_size_ok(p.block_size);
   if (k.sm90) {
     k.rows_per_cta = 64;
     k.smem = cuda_impl::sm90_decode_smem_bytes();

@@ -153,8 +153,8 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
       break;
     case 64:
       // Hopper: the warp-specialized TMA/wgmma kernel (same plan, workspace and combine), chosen by the
-      // backend for bf16 caches whose pages its copies handle; the portable kernel otherwise.
-      e = p.sm90 ? launch_sm90_decode(p, grid, s) : launch_shape<4>(p, fp8, grid, s);
+      // backend for caches whose pages its copies handle; the portable kernel otherwise.
+      e = p.sm90 ? launch_sm90_decode(p, fp8, grid, s) : launch_shape<4>(p, fp8, grid, s);
       break;
     default:
       return Status::Internal("rows_per_cta=" + std::to_string(p.rows_per_cta) + ": not 16, 32 or 64");

@@ -1,10 +1,11 @@
 // Hopper (sm_90a) split kernels of the "cuda" decode. Built only for sm_90a (src/cuda/CMakeLists.txt); call
 // these only on a compute capability 9.0 device. The plan, the workspace and the combine kernel are the
 // portable kernel's (decode_plan.h).
-//  - bf16 caches: 64 query rows per CTA, pages of 16, 32 or a multiple of 64 keys, a producer warpgroup
-//    issuing bulk tensor copies (TMA) and two consumer warpgroups on wgmma (sm90_decode_kernel.cu);
-//  - fp8-e4m3 caches: 16 or 32 query rows per CTA, any page size, one warpgroup converting its key tiles
-//    to bf16 and multiplying keys × rows, two CTAs per SM (sm90_fp8_decode_kernel.cu).
+//  - 64 query rows per CTA, pages of 16, 32 or a multiple of 64 keys, a producer warpgroup issuing bulk
+//    tensor copies (TMA; fp8-e4m3 caches converted to bf16 in the ring) and two consumer warpgroups on wgmma
+//    (sm90_decode_kernel.cu, sm90_decode_ring.cuh);
+//  - fp8-e4m3 caches with at most 32 query rows per sequence: 16 or 32 query rows per CTA, any page size, a
+//    converter warpgroup and a warpgroup multiplying keys × rows (sm90_fp8_decode_kernel.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,9 +27,9 @@ size_t sm90_decode_smem_bytes();
 // offers no tensor-map encoder.
 cudaError_t set_sm90_decode_smem();
 
-// Launches the split kernel (p.rows_per_cta == 64, bf16 cache, p.num_blocks >= 1) on `stream`; the
-// caller launches the combine kernel when p.max_splits > 1.
-cudaError_t launch_sm90_decode(const DecodeKernelParams& p, int64_t grid, cudaStream_t stream);
+// Launches the split kernel (p.rows_per_cta == 64, bf16 or (fp8) fp8-e4m3 cache, p.num_blocks >= 1) on
+// `stream`; the caller launches the combine kernel when p.max_splits > 1.
+cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, cudaStream_t stream);
 
 // fp8 kernel: dynamic shared memory for 16 or 32 rows per CTA (bytes; about 92 and 113 KiB).
 size_t sm90_fp8_decode_smem_bytes(int rows_per_cta);

@@ -42,86 +42,38 @@
 #include "core/lse_math.h"
 #include "cuda/decode_kernel.cuh"
 #include "cuda/sm90_decode.h"
+#include "cuda/sm90_decode_ring.cuh"
 #include "cuda/sm90_ptx.cuh"
 
 namespace mladcp::cuda_impl {
 namespace {
 
 using namespace sm90;
+using namespace sm90_ring;
 
-constexpr int kRows = 64;
-constexpr int kTile = 64;                     // keys per tile
-constexpr int kSubTiles = 9;                  // 64-dim column blocks of a tile
-constexpr int kConsumerThreads = 256;         // two consumer warpgroups
-constexpr int kThreads = 384;                 // + the producer warpgroup
-constexpr int kBlockBytes = kSm90BlockBytes;  // one 64-dim column block of a 64-row tile
-constexpr int kTileBytes = 9 * kBlockBytes;   // 73728: 64 rows × 576 bf16
-// The CTA starts with 168 registers per thread (launch bounds); the consumers can only take what the producer
-// gives back: 128 · (168 − 40) = 256 · (232 − 168). (More for the producer and setmaxnreg.inc never returns.)
-constexpr int kProducerRegs = 56, kConsumerRegs = 224;
-
-// Shared-memory layout (byte offsets).
-struct Smem {
-  static constexpr int q = 0;
-  static constexpr int kv = q + kTileBytes;
-  static constexpr int pb = kv + 2 * kTileBytes;  // P_b: [64 rows][64 keys] bf16, K-major swizzled
-  static constexpr int red = pb + kBlockBytes;
-  static constexpr int ok = red + 6 * 64 * 4;
-  static constexpr int full = ok + 2 * 8;                 // [2][9] u64
-  static constexpr int empty = full + 2 * kSubTiles * 8;  // [2][2] u64
-  static constexpr int seg = empty + 4 * 8;               // SegmentState: the consumers' segment cursor
-  static constexpr int total = seg + 256;
-};
-static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
-static_assert(Smem::kv % 1024 == 0 && Smem::pb % 1024 == 0 && Smem::full % 8 == 0,
-              "alignment of the swizzled tiles and the barriers");
-
-// ---- PTX wrappers (the shared ones: sm90_ptx.cuh) ----
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Waits until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
-// One box of the paged cache (64 dims × rows keys of one page) into shared memory, completing on `bar`.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int dim, int row,
-                                            int block, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(dim), "r"(row), "r"(block), "r"(bar), "l"(policy)
-      : "memory");
-}
-
+// Operand types of the products: bf16 (bf16 caches), or f16 (fp8 caches: e4m3 converts to f16 in one instruction
+// per two values, the query rows are scaled into f16 per row, P is f16).
+#define MLADCP_QK_ASM(T)                                            \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                      \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T             \
+  " {"                                                              \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"          \
+  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31" \
+  "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+#define MLADCP_S32                                                                                            \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),  \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+template <bool kF16>
 __device__ __forceinline__ void wgmma_qk_m64n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  if constexpr (kF16)
+    asm volatile(MLADCP_QK_ASM("f16") : MLADCP_S32 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  else
+    asm volatile(MLADCP_QK_ASM("bf16") : MLADCP_S32 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
+#undef MLADCP_QK_ASM
+#undef MLADCP_S32
 
 #define MLADCP_O128                                                                                                   \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),         \
@@ -151,23 +103,35 @@ __device__ __forceinline__ void wgmma_qk_m64n64(float (&d)[32], uint64_t desc_a,
   "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
 
 // O (64 × 256) += P·V over 16 keys; P from shared memory (K-major descriptor), V N-major.
+#define MLADCP_PV_SS_ASM(T)                     \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {" MLADCP_O128_REGS "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+template <bool kF16>
 __device__ __forceinline__ void wgmma_pv_ss(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MLADCP_O128_REGS "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-      : MLADCP_O128
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  if constexpr (kF16)
+    asm volatile(MLADCP_PV_SS_ASM("f16") : MLADCP_O128 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  else
+    asm volatile(MLADCP_PV_SS_ASM("bf16") : MLADCP_O128 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 // O (64 × 256) += P·V over 16 keys; P from registers (the A fragment of the m64k16 shape).
+#define MLADCP_PV_RS_ASM(T)                                                    \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {" MLADCP_O128_REGS \
+  "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+template <bool kF16>
 __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                             uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MLADCP_O128_REGS
-      "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
-      : MLADCP_O128
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(accumulate));
+  if constexpr (kF16)
+    asm volatile(MLADCP_PV_RS_ASM("f16")
+                 : MLADCP_O128
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(accumulate));
+  else
+    asm volatile(MLADCP_PV_RS_ASM("bf16")
+                 : MLADCP_O128
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(accumulate));
 }
+#undef MLADCP_PV_SS_ASM
+#undef MLADCP_PV_RS_ASM
 #undef MLADCP_O128
 #undef MLADCP_O128_REGS
 
@@ -177,7 +141,7 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32
 // released first), warpgroup 1 from block 4. The mbarrier waits sit between commit groups, never
 // inside one (a wait loop inside a group makes ptxas serialize every wgmma of the kernel), and nothing
 // touches S until the caller's wgmma_wait.
-template <int kFirstBlock>
+template <bool kF16, int kFirstBlock>
 __device__ __forceinline__ void issue_scores(float (&s)[32], uint32_t q_lo, uint32_t k_lo, uint32_t full,
                                              uint32_t parity) {
   fence_regs(s);
@@ -189,25 +153,27 @@ __device__ __forceinline__ void issue_scores(float (&s)[32], uint32_t q_lo, uint
 #pragma unroll
     for (int k4 = 0; k4 < 4; ++k4) {
       const uint32_t koff = uint32_t((c * kBlockBytes + k4 * 32) >> 4);
-      wgmma_qk_m64n64(s, desc(q_lo + koff), desc(k_lo + koff), j > 0 || k4 > 0);
+      wgmma_qk_m64n64<kF16>(s, desc(q_lo + koff), desc(k_lo + koff), j > 0 || k4 > 0);
     }
     wgmma_commit();
   }
 }
 // O += P·V with P in registers (p[4·ks .. 4·ks + 3]: keys 16·ks .. 16·ks + 15).
+template <bool kF16>
 __device__ __forceinline__ void issue_pv_regs(float (&o)[128], const uint32_t (&p)[16], uint32_t v_lo,
                                               bool accumulate) {
 #pragma unroll
   for (int ks = 0; ks < kTile / 16; ++ks)
-    wgmma_pv_rs(o, p[4 * ks], p[4 * ks + 1], p[4 * ks + 2], p[4 * ks + 3], desc(v_lo + uint32_t((ks * 16 * 128) >> 4)),
-                ks > 0 || accumulate);
+    wgmma_pv_rs<kF16>(o, p[4 * ks], p[4 * ks + 1], p[4 * ks + 2], p[4 * ks + 3],
+                      desc(v_lo + uint32_t((ks * 16 * 128) >> 4)), ks > 0 || accumulate);
 }
 // O += P·V with P in shared memory.
+template <bool kF16>
 __device__ __forceinline__ void issue_pv_smem(float (&o)[128], uint32_t p_lo, uint32_t v_lo, bool accumulate) {
 #pragma unroll
   for (int ks = 0; ks < kTile / 16; ++ks)
-    wgmma_pv_ss(o, desc(p_lo + uint32_t((ks * 32) >> 4)), desc(v_lo + uint32_t((ks * 16 * 128) >> 4)),
-                ks > 0 || accumulate);
+    wgmma_pv_ss<kF16>(o, desc(p_lo + uint32_t((ks * 32) >> 4)), desc(v_lo + uint32_t((ks * 16 * 128) >> 4)),
+                      ks > 0 || accumulate);
 }
 
 // o (a warpgroup's 64 × 256 accumulator) ·= α of its rows, skipped when no row of the warp moved.
@@ -227,125 +193,6 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alph
 // or one warpgroup / both consumers among themselves.
 constexpr int kBarMa = 1, kBarMb = 2, kBarPa = 3, kBarPb = 4, kBarOwn = 5 /* + wg */, kBarConsumers = 7;
 
-// One segment of a CTA's work: a range of one sequence's local keys for the CTA's 64 query rows.
-struct CtaWork {
-  int seq, len, row0, k_begin, k_end, ntiles, npairs;
-  bool direct;          // the segment covers the sequence: out and lse written directly
-  int64_t state_block;  // else its partial state: rows [state_block · R, + R) of the workspace
-  bool record;          // write the sequence's merge record (balanced schedule, first part, row chunk 0)
-  cuda_plan::BalancedRecord rec;
-};
-
-__device__ __forceinline__ int local_keys(const DecodeKernelParams& p, int len) {
-  return int(sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave));
-}
-// 64-key tiles of sequence `seq` on this shard (the balanced schedule's unit of work).
-__device__ __forceinline__ int64_t local_tiles(const DecodeKernelParams& p, int seq) {
-  return (int64_t(local_keys(p, clamped_len(p, seq))) + kTile - 1) / kTile;
-}
-
-// The segments of this CTA, the same sequence for every thread: one split (split schedule) or the pieces
-// of its part (balanced schedule, decode_plan.h).
-struct Segments {
-  bool balanced;
-  int rc, part;
-  int split, seq;  // split schedule: this CTA's split, or done
-  cuda_plan::BalancedCursor cur;
-
-  __device__ bool next(const DecodeKernelParams& p, CtaWork& w) {
-    int k_first = 0, k_last = 0;
-    if (balanced) {
-      cuda_plan::BalancedPiece pc;
-      auto tiles_of = [&](int sq) { return local_tiles(p, sq); };
-      if (!cur.next(p.num_seqs, tiles_of, pc)) return false;
-      w.seq = pc.seq;
-      w.len = clamped_len(p, w.seq);
-      k_first = pc.tile_begin * kTile;
-      k_last = min(pc.tile_end * kTile, local_keys(p, w.len));
-      w.direct = pc.whole;
-      w.state_block = int64_t(part) * 2 + pc.slot;
-      w.record = pc.first && rc == 0;
-      w.rec = {part, pc.parts, pc.slot, 0};
-    } else {
-      if (seq < 0) return false;
-      w.seq = seq;
-      seq = -1;
-      w.len = clamped_len(p, w.seq);
-      const int n_max = local_keys(p, w.len);
-      const int nsplits = cuda_plan::num_splits(n_max, p.split_len);
-      if (split >= nsplits) return false;
-      k_first = split * p.split_len;
-      k_last = min(k_first + p.split_len, n_max);
-      w.direct = nsplits == 1;
-      w.state_block = int64_t(w.seq) * p.max_splits + split;
-      w.record = false;
-    }
-    w.row0 = rc * kRows;
-    w.k_begin = k_first;
-    w.k_end = k_last;
-    w.ntiles = k_last > k_first ? (k_last - k_first + kTile - 1) / kTile : 0;
-    w.npairs = (w.ntiles + 1) / 2;  // an odd count ends on an absent (zero-filled, masked) tile b
-    return true;
-  }
-};
-
-// Balanced schedule: where part `part` starts, found by every thread of the CTA together (two passes over
-// the sequence lengths: the total, then the sequence holding the part's first position). `scratch`: 14
-// int64 of shared memory.
-__device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p, int part, int64_t* scratch) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  constexpr int kWarps = kThreads / 32;
-  auto cost_of = [&](int sq) -> int64_t {
-    if (sq >= p.num_seqs) return 0;
-    return cuda_plan::balanced_cost(local_tiles(p, sq));
-  };
-  int64_t mine = 0;
-  for (int sq = tid; sq < p.num_seqs; sq += kThreads) mine += cost_of(sq);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
-  if (lane == 0) scratch[warp] = mine;
-  if (tid == 0) scratch[kWarps] = -1;
-  __syncthreads();
-  int64_t total = 0;
-#pragma unroll
-  for (int i = 0; i < kWarps; ++i) total += scratch[i];
-  __syncthreads();
-  const int64_t per_part = (total + p.parts - 1) / p.parts;
-  const int64_t begin = int64_t(part) * per_part;
-  // Sequence s holds positions [C_s, C_s + cost_s): a block scan of the costs, chunk by chunk.
-  int64_t base = 0;
-  for (int s0 = 0; s0 < p.num_seqs && base <= begin && begin < total; s0 += kThreads) {
-    const int sq = s0 + tid;
-    const int64_t c = cost_of(sq);
-    int64_t incl = c;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += v;
-    }
-    if (lane == 31) scratch[warp] = incl;
-    __syncthreads();
-    int64_t before = 0, chunk = 0;
-#pragma unroll
-    for (int i = 0; i < kWarps; ++i) {
-      before += i < warp ? scratch[i] : 0;
-      chunk += scratch[i];
-    }
-    const int64_t start = base + before + incl - c;
-    if (sq < p.num_seqs && start <= begin && begin < start + c) {
-      scratch[kWarps] = sq;
-      scratch[kWarps + 1] = start;
-    }
-    __syncthreads();
-    base += chunk;
-  }
-  __syncthreads();
-  const int first_seq = int(scratch[kWarps]);
-  const int64_t first_pos = first_seq >= 0 ? scratch[kWarps + 1] : 0;
-  __syncthreads();  // scratch is the consumers' reduction buffer afterwards
-  return cuda_plan::balanced_cursor(part, p.parts, int(total), first_seq, int(first_pos), p.num_seqs, p.whole_short);
-}
-
 // The consumers' segments in shared memory (one thread advances them; live registers stay free for the
 // pipeline): the cursor and the current and next segment, by parity.
 struct SegmentState {
@@ -358,16 +205,17 @@ static_assert(sizeof(SegmentState) <= 256, "Smem::seg");
 // Per-thread consumer state: rows (the wgmma accumulator layout: rows 16·warp + lane/4 and + 8).
 struct RowState {
   int rs[2];
-  int nvis[2];  // visible local keys of each row (causal rule in global coordinates)
-  float m[2];   // running max (base-2 logits)
-  float l[2];   // this warpgroup's tiles' sum of probabilities at scale m
+  int nvis[2];     // visible local keys of each row (causal rule in global coordinates)
+  float m[2];      // running max (base-2 logits)
+  float l[2];      // this warpgroup's tiles' sum of probabilities at scale m
+  float scale[2];  // raw score → base-2 logit (softmax scale · kv scale · log2 e, over the row's f16 query scale)
 };
 
 // Scores of absent keys, keys past the split and keys after a row's causal limit become -inf (raw scores
 // stay unscaled); mx gets the row maxima of the tile as base-2 logits (scale > 0 commutes with max).
 // A tile whose 64 keys are all present and visible to both rows of the thread skips the per-key tests.
 __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2], const uint64_t* ok_bits, int kt,
-                                            const RowState& st, float scale, int lane) {
+                                            const RowState& st, int lane) {
   const uint64_t ok = *ok_bits;
   if (ok != ~0ull || kt + kTile > min(st.nvis[0], st.nvis[1])) {
 #pragma unroll
@@ -390,13 +238,26 @@ __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2], cons
     mx[e] = fmaxf(m0, m1);
     mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
     mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
-    mx[e] *= scale;
+    mx[e] *= st.scale[e];
   }
 }
 
-// s ← 2^(s·scale − m) (fp32, kept), row sums added to l, bf16 A fragments into p.
-__device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&p)[16], const float (&m)[2], float scale,
-                                             float (&l)[2]) {
+// Two probabilities as an A/B operand word of the products' type.
+template <bool kF16>
+__device__ __forceinline__ uint32_t pack_operand(float lo, float hi) {
+  if constexpr (kF16) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  } else {
+    return pack_bf16(lo, hi);
+  }
+}
+
+// s ← 2^(s·scale − m) (fp32, kept), row sums added to l, A fragments (bf16 or f16) into p.
+template <bool kF16>
+__device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&p)[16], const float (&m)[2],
+                                             const float (&scale)[2], float (&l)[2]) {
   float neg_m[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) neg_m[e] = m[e] == -INFINITY ? 0.0f : -m[e];
@@ -405,7 +266,7 @@ __device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&p)[16], 
   for (int j = 0; j < 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], scale, neg_m[e >> 1]));
+      s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], scale[e >> 1], neg_m[e >> 1]));
       part[e >> 1][j & 1] += s[4 * j + e];
     }
   l[0] += part[0][0] + part[0][1];
@@ -413,14 +274,15 @@ __device__ __forceinline__ void exponentiate(float (&s)[32], uint32_t (&p)[16], 
   // A fragment of k-step ks: (row, keys 16ks + 2t..), (row + 8, same), (row, keys 16ks + 8 + 2t..), (row + 8, same)
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    p[4 * ks + 0] = pack_bf16(s[8 * ks + 0], s[8 * ks + 1]);
-    p[4 * ks + 1] = pack_bf16(s[8 * ks + 2], s[8 * ks + 3]);
-    p[4 * ks + 2] = pack_bf16(s[8 * ks + 4], s[8 * ks + 5]);
-    p[4 * ks + 3] = pack_bf16(s[8 * ks + 6], s[8 * ks + 7]);
+    p[4 * ks + 0] = pack_operand<kF16>(s[8 * ks + 0], s[8 * ks + 1]);
+    p[4 * ks + 1] = pack_operand<kF16>(s[8 * ks + 2], s[8 * ks + 3]);
+    p[4 * ks + 2] = pack_operand<kF16>(s[8 * ks + 4], s[8 * ks + 5]);
+    p[4 * ks + 3] = pack_operand<kF16>(s[8 * ks + 6], s[8 * ks + 7]);
   }
 }
 
-// P·scale (bf16) → a [64 rows][64 keys] K-major swizzled tile (the rope column block of a stage).
+// P·scale (bf16 or f16) → a [64 rows][64 keys] K-major swizzled tile (the rope column block of a stage).
+template <bool kF16>
 __device__ __forceinline__ void store_p(uint8_t* dst, const float (&s)[32], const float (&scale)[2], const RowState& st,
                                         int lane) {
 #pragma unroll
@@ -430,9 +292,49 @@ __device__ __forceinline__ void store_p(uint8_t* dst, const float (&s)[32], cons
     for (int e = 0; e < 2; ++e) {
       const int r = st.rs[e];
       *reinterpret_cast<uint32_t*>(dst + r * 128 + (((tt >> 3) ^ (r & 7)) << 4) + (tt & 7) * 2) =
-          pack_bf16(s[4 * j + 2 * e] * scale[e], s[4 * j + 2 * e + 1] * scale[e]);
+          pack_operand<kF16>(s[4 * j + 2 * e] * scale[e], s[4 * j + 2 * e + 1] * scale[e]);
     }
   }
+}
+
+// fp8 caches: the query rows in q_s (bf16) rescaled in place to f16, row r by 2^e_r, which puts its largest
+// magnitude into [2^14, 2^15) (every bf16 value down to 2^-28 of it is then exact in f16); qscale[r] = 2^-e_r goes
+// into the row's score scale. Four consumer threads per row (tid / 4), each every fourth 16-byte chunk.
+__device__ __forceinline__ void scale_queries_to_f16(uint8_t* q_s, float* qscale, int tid) {
+  const int r = tid >> 2, q4 = tid & 3;
+  auto chunk = [&](int ch) {
+    return reinterpret_cast<uint4*>(q_s + (ch >> 3) * kBlockBytes + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+  };
+  auto as_float2 = [](uint32_t w) { return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u)); };
+  float mx = 0.0f;
+  for (int ch = q4; ch < kRowChunks; ch += 4) {
+    const uint4 v = *chunk(ch);
+    for (const uint32_t w : {v.x, v.y, v.z, v.w}) {
+      const float2 f = as_float2(w);
+      mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  int ex = 0;
+  if (mx > 0.0f && mx < INFINITY) {
+    frexpf(mx, &ex);          // mx in [2^(ex-1), 2^ex)
+    ex = max(15 - ex, -110);  // ... times 2^(15-ex) in [2^14, 2^15); 2^ex stays a normal float
+    ex = min(ex, 110);
+  }
+  const float up = ldexpf(1.0f, ex);
+  auto to_f16x2 = [&](uint32_t w) {
+    const float2 f = as_float2(w);
+    uint32_t h;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(f.y * up), "f"(f.x * up));
+    return h;
+  };
+  for (int ch = q4; ch < kRowChunks; ch += 4) {
+    uint4* const c = chunk(ch);
+    const uint4 v = *c;
+    *c = make_uint4(to_f16x2(v.x), to_f16x2(v.y), to_f16x2(v.z), to_f16x2(v.w));
+  }
+  if (q4 == 0) qscale[r] = ldexpf(1.0f, -ex);
 }
 
 // The tile that holds the end of the split's keys may carry unused (possibly NaN) cache rows from a
@@ -447,108 +349,8 @@ __device__ __forceinline__ void zero_tail_rows(uint8_t* stage, int valid, int c0
   named_bar_sync(kBarOwn + wg, 128);
 }
 
-__device__ __forceinline__ uint32_t bar_addr(uint32_t base, int i) { return base + uint32_t(8 * i); }
-
-// ---- the producer: one thread ----
-
-// Block ids of the pages of tile t (one per copy: kCopies pages of 64 / kCopies keys), -1 where absent
-// (past the segment, past the table, or an id outside [0, num_blocks)), and each copy's first row in its page.
-template <int kCopies>
-struct TilePages {
-  int blk[kCopies], row[kCopies];
-};
-template <int kCopies>
-__device__ __forceinline__ TilePages<kCopies> fetch_pages(const DecodeKernelParams& p, const int32_t* bt_row, int kt,
-                                                          int k_end) {
-  constexpr int rows = kTile / kCopies;
-  TilePages<kCopies> tp;
-#pragma unroll
-  for (int c = 0; c < kCopies; ++c) {
-    tp.blk[c] = -1;
-    tp.row[c] = 0;
-    const int k = kt + c * rows;
-    if (k < k_end) {
-      const int page = k / p.block_size;
-      tp.row[c] = k - page * p.block_size;
-      if (page < p.max_blocks_per_seq) {
-        const int32_t b = __ldg(bt_row + page);
-        if (b >= 0 && b < p.num_blocks) tp.blk[c] = b;
-      }
-    }
-  }
-  return tp;
-}
-
-// Present keys of a tile as bits: a prefix of each present page's keys (up to the segment's end).
-template <int kCopies>
-__device__ __forceinline__ uint64_t present_bits(const TilePages<kCopies>& tp, int kt, int k_end) {
-  constexpr int rows = kTile / kCopies;
-  uint64_t bits = 0;
-#pragma unroll
-  for (int c = 0; c < kCopies; ++c) {
-    if (tp.blk[c] < 0) continue;
-    const int n = min(rows, k_end - (kt + c * rows));
-    if (n > 0) bits |= (n >= 64 ? ~0ull : ((1ull << n) - 1)) << (c * rows);
-  }
-  return bits;
-}
-
-// kCopies copies per 64-dim column block of a tile: 1 for pages of ≥ 64 keys, 2 for 32, 4 for 16.
-template <int kCopies>
-__device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUtensorMap* map, Segments segs,
-                                        uint8_t* smem) {
-  constexpr int rows = kTile / kCopies;  // keys per copy
-  const uint32_t kv = smem_addr(smem + Smem::kv);
-  const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
-  uint64_t* const ok = reinterpret_cast<uint64_t*>(smem + Smem::ok);
-  // Keys are evicted first from L2 (evict-normal when row chunks share keys measured 1-4% slower at
-  // 128 heads: the chunks of a split run side by side and meet their keys in L2 anyway).
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  // Copies of column blocks [c0, c1) of a tile into stage `st`, completing on the stage's full barriers.
-  auto copy_blocks = [&](const TilePages<kCopies>& tp, int st, int c0, int c1) {
-    const uint32_t stage = kv + uint32_t(st * kTileBytes);
-#pragma unroll 1
-    for (int c = c0; c < c1; ++c) {
-      const uint32_t bar = bar_addr(full, st * kSubTiles + c);
-      mbar_arrive_expect_tx(bar, kBlockBytes);
-#pragma unroll
-      for (int q = 0; q < kCopies; ++q)
-        tma_load_3d(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, tp.row[q], tp.blk[q], policy);
-    }
-  };
-  // Pairs of tiles (a in stage 0, b in stage 1), numbered across the CTA's segments (g): the ring runs on
-  // from one segment into the next. The four halves of a pair's stages are refilled in the order the
-  // consumers release them in the previous pair: a's columns 0-3 (after warpgroup 0's P_a·V_a,L), b's
-  // columns 4-8 (after warpgroup 1's P_b·V_b,R), a's columns 4-8 (after P_a·V_a,R, which waits for m_b),
-  // b's columns 0-3 (after P_b·V_b,L, last).
-  int64_t g = 0;
-  CtaWork w;
-  while (segs.next(p, w)) {
-    const int32_t* const bt_row = p.block_table + int64_t(w.seq) * p.block_table_stride;
-    TilePages<kCopies> next_a = fetch_pages<kCopies>(p, bt_row, w.k_begin, w.k_end);
-    TilePages<kCopies> next_b = fetch_pages<kCopies>(p, bt_row, w.k_begin + kTile, w.k_end);
-    for (int i = 0; i < w.npairs; ++i, ++g) {
-      const int kt = w.k_begin + 2 * i * kTile;
-      const TilePages<kCopies> ta = next_a, tb = next_b;
-      next_a = fetch_pages<kCopies>(p, bt_row, kt + 2 * kTile, w.k_end);  // in flight while this pair waits
-      next_b = fetch_pages<kCopies>(p, bt_row, kt + 3 * kTile, w.k_end);
-      const uint32_t prev = uint32_t(g - 1) & 1;  // phase of the previous pair's releases
-      // A block id of -1 is out of the tensor map's range: the copy engine fills zeros (and counts the bytes).
-      if (g > 0) mbar_wait(bar_addr(empty, 0), prev);
-      ok[0] = present_bits(ta, kt, w.k_end);
-      copy_blocks(ta, 0, 0, 4);
-      if (g > 0) mbar_wait(bar_addr(empty, 3), prev);
-      copy_blocks(tb, 1, 4, kSubTiles);
-      if (g > 0) mbar_wait(bar_addr(empty, 1), prev);
-      copy_blocks(ta, 0, 4, kSubTiles);
-      if (g > 0) mbar_wait(bar_addr(empty, 2), prev);
-      ok[1] = present_bits(tb, kt + kTile, w.k_end);
-      copy_blocks(tb, 1, 0, 4);
-    }
-  }
-}
-
+// kFp8: an fp8-e4m3 cache (kv_map over its bytes), converted in the ring by the producer warpgroup; else bf16.
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90_kernel(const DecodeKernelParams p, const __grid_constant__ CUtensorMap kv_map) {
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -571,6 +373,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     for (int i = 0; i < 2 * kSubTiles; ++i) mbar_init(bar_addr(full, i), 1);
     for (int i = 0; i < 4; ++i) mbar_init(bar_addr(empty, i), 8);  // one arrival per consumer warp
+    for (int i = 0; i < 4; ++i) mbar_init(smem_addr(smem + Smem::staged) + 8 * i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   if (segs.balanced) segs.cur = balanced_start(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red));
@@ -578,13 +381,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 2) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    if (tid == 2 * 128) {
+    if (kFp8 && tid >= 2 * 128 + 32) {
+      convert_fp8(p, segs, smem, tid - (2 * 128 + 32));
+    } else if (tid == 2 * 128) {
       if (p.block_size >= kTile)
-        produce<1>(p, &kv_map, segs, smem);
+        produce<1, kFp8>(p, &kv_map, segs, smem);
       else if (p.block_size == 32)
-        produce<2>(p, &kv_map, segs, smem);
+        produce<2, kFp8>(p, &kv_map, segs, smem);
       else
-        produce<4>(p, &kv_map, segs, smem);
+        produce<4, kFp8>(p, &kv_map, segs, smem);
     }
     return;
   }
@@ -603,11 +408,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint32_t kStage = kTileBytes >> 4;        // one stage in descriptor address units
   constexpr uint32_t kHalf = (4 * kBlockBytes) >> 4;  // value columns 256-511 of a stage
   const uint32_t q_lo = kmajor_lo(smem_addr(q_s));
-  const uint32_t k_lo0 = kmajor_lo(kv_addr);                     // keys of stage 0
-  const uint32_t p_lo0 = kmajor_lo(kv_addr + 8 * kBlockBytes);   // P_a over the rope block of stage 0
-  const uint32_t pb_lo = kmajor_lo(smem_addr(smem + Smem::pb));  // P_b in its own buffer
-  const uint32_t v_lo0 = nmajor_lo(kv_addr);                     // values of stage 0, columns 0-255
-  const float scale = p.score_scale_log2;
+  const uint32_t k_lo0 = kmajor_lo(kv_addr);                              // keys of stage 0
+  const uint32_t p_lo0 = kmajor_lo(kv_addr + 8 * kBlockBytes);            // P_a over the rope block of stage 0
+  const uint32_t pb_lo = kmajor_lo(smem_addr(smem + Smem::pb));           // P_b in its own buffer
+  const uint32_t v_lo0 = nmajor_lo(kv_addr);                              // values of stage 0, columns 0-255
+  float* const qscale_s = reinterpret_cast<float*>(smem + Smem::qscale);  // fp8: 2^-e of each query row
 
   // Segment by segment; g0 numbers the first pair of a segment across the CTA (the ring's phases). The
   // barrier after each step of the cursor also keeps q_s and red from being written again before both
@@ -638,6 +443,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       cp_async_commit();
       cp_async_wait_all();
+      if constexpr (kFp8) {
+        named_bar_sync(kBarConsumers, kConsumerThreads);
+        scale_queries_to_f16(q_s, qscale_s, tid);
+      }
       fence_proxy_async();
       named_bar_sync(kBarConsumers, kConsumerThreads);
     }
@@ -651,6 +460,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           grow < p.rows_per_seq ? int(sharding::visible_local_keys(w.len, p.q_len, grow / p.num_heads, p.shard)) : 0;
       st.m[e] = -INFINITY;
       st.l[e] = 0.0f;
+      st.scale[e] = kFp8 ? p.score_scale_log2 * qscale_s[st.rs[e]] : p.score_scale_log2;
     }
 
     // The tile whose last keys lie past the segment's end (rows [tail_valid, 64) to zero), or -1.
@@ -665,7 +475,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) {
       // ---- warpgroup 0: tiles a (stage 0), columns [0, 256) ----
       if (npairs > 0) {  // scores of the first tile a
-        issue_scores<0>(s, q_lo, k_lo0, full, uint32_t(g0) & 1);
+        issue_scores<kFp8, 0>(s, q_lo, k_lo0, full, uint32_t(g0) & 1);
         wgmma_wait<0>();
         fence_regs(s);
       }
@@ -677,7 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: this warpgroup never reads them
         // m_a = max(m, rowmax S_a), published at once: warpgroup 1 holds S_b already and needs only m_a.
-        mask_scores(s, mx, ok, k_begin + 2 * i * kTile, st, scale, lane);
+        mask_scores(s, mx, ok, k_begin + 2 * i * kTile, st, lane);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           m_a[e] = fmaxf(st.m[e], mx[e]);
@@ -690,13 +500,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         named_bar_arrive(kBarMa, kConsumerThreads);
         // P_a = 2^(S_a − m_a); O_L = O_L·2^(m − m_a) + P_a·V_a,L (P_a from registers).
-        exponentiate(s, pr, m_a, scale, st.l);
+        exponentiate<kFp8>(s, pr, m_a, st.scale, st.l);
         if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 0, wg, tid_in_wg);
         if (i > 0) rescale_rows(o, alpha);
         wgmma_fence();
         fence_regs(o);
         fence_regs(pr);
-        issue_pv_regs(o, pr, v_lo0, i > 0);
+        issue_pv_regs<kFp8>(o, pr, v_lo0, i > 0);
         wgmma_commit();
         // m_b from warpgroup 1; P_a·2^(m_a − m_b) over the rope block of stage 0 for warpgroup 1.
         named_bar_sync(kBarMb, kConsumerThreads);
@@ -707,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           st.l[e] *= beta[e];
           st.m[e] = m_b[e];
         }
-        store_p(kv_s + 8 * kBlockBytes, s, beta, st, lane);
+        store_p<kFp8>(kv_s + 8 * kBlockBytes, s, beta, st, lane);
         fence_proxy_async();
         named_bar_arrive(kBarPa, kConsumerThreads);
         __syncwarp();
@@ -722,14 +532,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 0, wg, tid_in_wg);
         wgmma_fence();
         fence_regs(o);
-        issue_pv_smem(o, pb_lo, v_lo0 + kStage, true);
+        issue_pv_smem<kFp8>(o, pb_lo, v_lo0 + kStage, true);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(o);
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
         if (more) {                                      // scores of the next tile a, for the next pair
-          issue_scores<0>(s, q_lo, k_lo0, full, par ^ 1);
+          issue_scores<kFp8, 0>(s, q_lo, k_lo0, full, par ^ 1);
           wgmma_wait<0>();
           fence_regs(s);
         }
@@ -737,7 +547,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       // ---- warpgroup 1: tiles b (stage 1), columns [256, 512) ----
       if (npairs > 0) {  // scores of the first tile b
-        issue_scores<4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), uint32_t(g0) & 1);
+        issue_scores<kFp8, 4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), uint32_t(g0) & 1);
         wgmma_wait<0>();
         fence_regs(s);
       }
@@ -747,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         float* const red_m = red + 128 * par;
         float mx[2], m_a[2], alpha[2], m_b[2], one[2] = {1.0f, 1.0f};
         // m_b = max(m_a, rowmax S_b), published; O_R's scale moves once per pair, from m to m_b.
-        mask_scores(s, mx, ok + 1, k_begin + (2 * i + 1) * kTile, st, scale, lane);
+        mask_scores(s, mx, ok + 1, k_begin + (2 * i + 1) * kTile, st, lane);
         __syncwarp();
         if (lane == 0) {  // columns 0-3 of both stages: this warpgroup reads them no more in this pair
           mbar_arrive(bar_addr(empty, 0));
@@ -768,22 +578,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         named_bar_arrive(kBarMb, kConsumerThreads);
         // P_b = 2^(S_b − m_b); O_R = O_R·2^(m − m_b) + P_b·V_b,R (registers); P_b for warpgroup 0.
-        exponentiate(s, pr, m_b, scale, st.l);
+        exponentiate<kFp8>(s, pr, m_b, st.scale, st.l);
         if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 4, wg, tid_in_wg);
         if (i > 0) rescale_rows(o, alpha);
         wgmma_fence();
         fence_regs(o);
         fence_regs(pr);
-        issue_pv_regs(o, pr, v_lo0 + kStage + kHalf, i > 0);
+        issue_pv_regs<kFp8>(o, pr, v_lo0 + kStage + kHalf, i > 0);
         wgmma_commit();
-        store_p(smem + Smem::pb, s, one, st, lane);
+        store_p<kFp8>(smem + Smem::pb, s, one, st, lane);
         fence_proxy_async();
         named_bar_arrive(kBarPb, kConsumerThreads);
         // O_R += P_a·V_a,R once warpgroup 0 has stored P_a at m_b.
         named_bar_sync(kBarPa, kConsumerThreads);
         if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
         wgmma_fence();
-        issue_pv_smem(o, p_lo0, v_lo0 + kHalf, true);
+        issue_pv_smem<kFp8>(o, p_lo0, v_lo0 + kHalf, true);
         wgmma_commit();
         wgmma_wait<1>();
         __syncwarp();
@@ -793,7 +603,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
         if (more) {                                      // scores of the next tile b, for the next pair
-          issue_scores<4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1);
+          issue_scores<kFp8, 4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1);
           wgmma_wait<0>();
           fence_regs(s);
         }
@@ -889,22 +699,33 @@ size_t sm90_decode_smem_bytes() { return size_t(Smem::total); }
 
 cudaError_t set_sm90_decode_smem() {
   if (!encode_fn()) return cudaErrorNotSupported;
-  return cudaFuncSetAttribute(mla_decode_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::total));
+  const cudaError_t e = cudaFuncSetAttribute(mla_decode_sm90_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(Smem::total));
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(mla_decode_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(Smem::total));
 }
 
-cudaError_t launch_sm90_decode(const DecodeKernelParams& p, int64_t grid, cudaStream_t stream) {
-  // The paged cache as a 3-D tensor [num_blocks][block_size][576] bf16 with the caller's strides;
-  // one box = 64 dims × min(64, block_size) keys of one page, written 128-byte swizzled.
+cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, cudaStream_t stream) {
+  // The paged cache as a 3-D tensor [num_blocks][block_size][576] with the caller's strides; one box = 64 dims ×
+  // min(64, block_size) keys of one page: bf16 written 128-byte swizzled (a ring block), fp8 unswizzled
+  // ([keys][64 B], the converters' input).
   CUtensorMap map;
+  const cuuint64_t elem = fp8 ? 1 : 2;
   const cuuint64_t dims[3] = {cuuint64_t(kQkDim), cuuint64_t(p.block_size), cuuint64_t(p.num_blocks)};
-  const cuuint64_t strides[2] = {cuuint64_t(p.kv_stride_token) * 2, cuuint64_t(p.kv_stride_block) * 2};
+  const cuuint64_t strides[2] = {cuuint64_t(p.kv_stride_token) * elem, cuuint64_t(p.kv_stride_block) * elem};
   const cuuint32_t box[3] = {64, cuuint32_t(p.block_size < kTile ? p.block_size : kTile), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint8_t*>(p.kv), dims, strides,
-                                 box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      encode_fn()(&map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                  const_cast<uint8_t*>(p.kv), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
-  mla_decode_sm90_kernel<<<dim3(unsigned(grid)), dim3(kThreads), size_t(Smem::total), stream>>>(p, map);
+  if (fp8)
+    mla_decode_sm90_kernel<true><<<dim3(unsigned(grid)), dim3(kThreads), size_t(Smem::total), stream>>>(p, map);
+  else
+    mla_decode_sm90_kernel<false><<<dim3(unsigned(grid)), dim3(kThreads), size_t(Smem::total), stream>>>(p, map);
   return cudaGetLastError();
 }
 

@@ -145,6 +145,9 @@ TEST(CudaSanitize, DecodeSmallShapes) {
   o.fill_schedule = cuda_plan::Schedule::kBalanced;
   auto balanced = make_cuda_backend(o);
   EXPECT_TRUE(matches_oracle_on_device(*balanced, config(64, 1, 32, {0, 3, 65, 700, 2}, 17)));
+  // fp8 with 64 rows: the Hopper kernel converting its tiles in the ring, under both schedules.
+  EXPECT_TRUE(matches_oracle_on_device(*cuda, config(64, 1, 64, {0, 70, 2100}, 19, DType::kFP8E4M3)));
+  EXPECT_TRUE(matches_oracle_on_device(*balanced, config(32, 2, 16, {2, 3, 130, 700}, 20, DType::kFP8E4M3)));
   auto single = single_stage_backend();
   EXPECT_TRUE(matches_oracle_on_device(*single, config(16, 1, 64, {2100}, 15)));
   EXPECT_TRUE(matches_oracle_on_device(*single, config(16, 1, 64, {150}, 16, DType::kFP8E4M3)));

@@ -170,6 +170,26 @@ TEST(Sm90Fp8Decode, ManyRowsInChunksOf32) {
     EXPECT_TRUE(matches_oracle(*all, cfg, "hopper fp8 (all rows)"));
 }
 
+// fp8-e4m3 caches with more than 32 query rows per sequence run the Hopper 64-row kernel (its producer converts
+// the fp8 tiles in the ring) on pages of 16, 32 or a multiple of 64 keys: every shape of the bf16 list above on an
+// fp8 cache (fewer rows go to the fp8 kernel, pages of 1 and 48 keys to the portable kernel), under both schedules.
+TEST(Sm90Fp8Decode, ManyRowsOnTheHopperKernel) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  std::vector<synthetic::Config> shapes = hopper_shapes();
+  for (synthetic::Config& cfg : shapes) {
+    cfg.kv_dtype = DType::kFP8E4M3;
+    cfg.kv_scale = 0.75f;
+    cfg.seed += 1000;
+  }
+  for (const cuda_plan::Schedule schedule : {cuda_plan::Schedule::kSplits, cuda_plan::Schedule::kBalanced}) {
+    CudaBackendOptions o;
+    o.fill_schedule = schedule;
+    auto cuda = make_cuda_backend(o);
+    const std::string name = schedule == cuda_plan::Schedule::kBalanced ? "hopper fp8 (balanced)" : "hopper fp8";
+    for (const synthetic::Config& cfg : shapes) EXPECT_TRUE(matches_oracle(*cuda, cfg, name));
+  }
+}
+
 // A sequence's result does not depend on the rest of the batch nor on max_seq_len: bitwise.
 TEST(Sm90Decode, BatchInvariantAndDeterministic) {
   MLADCP_SKIP_WITHOUT_GPU();

@@ -1,0 +1,408 @@
+// The Hopper decode kernel's ring (sm90_decode_kernel.cu): the shared-memory layout, the CTA's segments of work
+// (split or balanced schedule), and the producer warpgroup that fills the two-stage ring of 64-key tiles.
+//   bf16 caches: one thread issues bulk tensor copies (TMA) of 64-key × 64-dim column blocks straight into the
+//     ring (128-byte swizzle), completing on the blocks' `full` barriers.
+//   fp8-e4m3 caches: the same thread copies each stage half's fp8 bytes (half the size) into the back of that
+//     half, and warps 1-3 of the warpgroup convert them in place to f16 (exact: every e4m3 value is an f16 value,
+//     one instruction per two; the cache scale is in the kernel's score and output scales), column block by
+//     column block, each released to the consumers on its `full` barrier. The consumers see the same ring
+//     layout in both cases (16-bit elements), and multiply f16 operands for fp8 caches.
+// Included by sm90_decode_kernel.cu only (sm_90a).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "cuda/decode_kernel.cuh"
+#include "cuda/sm90_ptx.cuh"
+
+namespace mladcp::cuda_impl::sm90_ring {
+
+using namespace sm90;
+
+constexpr int kRows = 64;
+constexpr int kTile = 64;                     // keys per tile
+constexpr int kSubTiles = 9;                  // 64-dim column blocks of a tile
+constexpr int kConsumerThreads = 256;         // two consumer warpgroups
+constexpr int kThreads = 384;                 // + the producer warpgroup
+constexpr int kBlockBytes = kSm90BlockBytes;  // one 64-dim column block of a 64-row tile
+constexpr int kTileBytes = 9 * kBlockBytes;   // 73728: 64 rows × 576 bf16
+// The CTA starts with 168 registers per thread (launch bounds); the consumers can only take what the producer
+// gives back: 128 · (168 − 56) = 256 · (224 − 168). (More for the producer and setmaxnreg.inc never returns.)
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;
+// fp8 caches: a column block's fp8 bytes ([64 keys][64 B]), and the converters (warps 1-3 of the producer
+// warpgroup) with their named barrier (the consumers use 1-7).
+constexpr int kF8BlockBytes = 64 * 64;
+constexpr int kConverterThreads = 96;
+constexpr int kBarConvert = 8;
+
+// Shared-memory layout (byte offsets).
+struct Smem {
+  static constexpr int q = 0;
+  static constexpr int kv = q + kTileBytes;
+  static constexpr int pb = kv + 2 * kTileBytes;  // P_b: [64 rows][64 keys] bf16, K-major swizzled
+  static constexpr int red = pb + kBlockBytes;
+  static constexpr int ok = red + 6 * 64 * 4;
+  static constexpr int full = ok + 2 * 8;                 // [2][9] u64
+  static constexpr int empty = full + 2 * kSubTiles * 8;  // [2][2] u64
+  static constexpr int staged = empty + 4 * 8;            // [2][2] u64: a stage half's fp8 bytes landed (fp8)
+  static constexpr int qscale = staged + 4 * 8;          // [64] fp32: 2^-e of each query row (fp8: f16 queries)
+  static constexpr int seg = qscale + 64 * 4;             // SegmentState: the consumers' segment cursor
+  static constexpr int total = seg + 256;
+};
+static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
+static_assert(Smem::kv % 1024 == 0 && Smem::pb % 1024 == 0 && Smem::full % 8 == 0,
+              "alignment of the swizzled tiles and the barriers");
+
+// ---- PTX wrappers (the shared ones: sm90_ptx.cuh) ----
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// One box of the paged cache (64 dims × rows keys of one page) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int dim, int row,
+                                            int block, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(dim), "r"(row), "r"(block), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+// One segment of a CTA's work: a range of one sequence's local keys for the CTA's 64 query rows.
+struct CtaWork {
+  int seq, len, row0, k_begin, k_end, ntiles, npairs;
+  bool direct;          // the segment covers the sequence: out and lse written directly
+  int64_t state_block;  // else its partial state: rows [state_block · R, + R) of the workspace
+  bool record;          // write the sequence's merge record (balanced schedule, first part, row chunk 0)
+  cuda_plan::BalancedRecord rec;
+};
+
+__device__ __forceinline__ int local_keys(const DecodeKernelParams& p, int len) {
+  return int(sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave));
+}
+// 64-key tiles of sequence `seq` on this shard (the balanced schedule's unit of work).
+__device__ __forceinline__ int64_t local_tiles(const DecodeKernelParams& p, int seq) {
+  return (int64_t(local_keys(p, clamped_len(p, seq))) + kTile - 1) / kTile;
+}
+
+// The segments of this CTA, the same sequence for every thread: one split (split schedule) or the pieces
+// of its part (balanced schedule, decode_plan.h).
+struct Segments {
+  bool balanced;
+  int rc, part;
+  int split, seq;  // split schedule: this CTA's split, or done
+  cuda_plan::BalancedCursor cur;
+
+  __device__ bool next(const DecodeKernelParams& p, CtaWork& w) {
+    int k_first = 0, k_last = 0;
+    if (balanced) {
+      cuda_plan::BalancedPiece pc;
+      auto tiles_of = [&](int sq) { return local_tiles(p, sq); };
+      if (!cur.next(p.num_seqs, tiles_of, pc)) return false;
+      w.seq = pc.seq;
+      w.len = clamped_len(p, w.seq);
+      k_first = pc.tile_begin * kTile;
+      k_last = min(pc.tile_end * kTile, local_keys(p, w.len));
+      w.direct = pc.whole;
+      w.state_block = int64_t(part) * 2 + pc.slot;
+      w.record = pc.first && rc == 0;
+      w.rec = {part, pc.parts, pc.slot, 0};
+    } else {
+      if (seq < 0) return false;
+      w.seq = seq;
+      seq = -1;
+      w.len = clamped_len(p, w.seq);
+      const int n_max = local_keys(p, w.len);
+      const int nsplits = cuda_plan::num_splits(n_max, p.split_len);
+      if (split >= nsplits) return false;
+      k_first = split * p.split_len;
+      k_last = min(k_first + p.split_len, n_max);
+      w.direct = nsplits == 1;
+      w.state_block = int64_t(w.seq) * p.max_splits + split;
+      w.record = false;
+    }
+    w.row0 = rc * kRows;
+    w.k_begin = k_first;
+    w.k_end = k_last;
+    w.ntiles = k_last > k_first ? (k_last - k_first + kTile - 1) / kTile : 0;
+    w.npairs = (w.ntiles + 1) / 2;  // an odd count ends on an absent (zero-filled, masked) tile b
+    return true;
+  }
+};
+
+// Balanced schedule: where part `part` starts, found by every thread of the CTA together (two passes over
+// the sequence lengths: the total, then the sequence holding the part's first position). `scratch`: 14
+// int64 of shared memory.
+__device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p, int part, int64_t* scratch) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int kWarps = kThreads / 32;
+  auto cost_of = [&](int sq) -> int64_t {
+    if (sq >= p.num_seqs) return 0;
+    return cuda_plan::balanced_cost(local_tiles(p, sq));
+  };
+  int64_t mine = 0;
+  for (int sq = tid; sq < p.num_seqs; sq += kThreads) mine += cost_of(sq);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
+  if (lane == 0) scratch[warp] = mine;
+  if (tid == 0) scratch[kWarps] = -1;
+  __syncthreads();
+  int64_t total = 0;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) total += scratch[i];
+  __syncthreads();
+  const int64_t per_part = (total + p.parts - 1) / p.parts;
+  const int64_t begin = int64_t(part) * per_part;
+  // Sequence s holds positions [C_s, C_s + cost_s): a block scan of the costs, chunk by chunk.
+  int64_t base = 0;
+  for (int s0 = 0; s0 < p.num_seqs && base <= begin && begin < total; s0 += kThreads) {
+    const int sq = s0 + tid;
+    const int64_t c = cost_of(sq);
+    int64_t incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    int64_t before = 0, chunk = 0;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) {
+      before += i < warp ? scratch[i] : 0;
+      chunk += scratch[i];
+    }
+    const int64_t start = base + before + incl - c;
+    if (sq < p.num_seqs && start <= begin && begin < start + c) {
+      scratch[kWarps] = sq;
+      scratch[kWarps + 1] = start;
+    }
+    __syncthreads();
+    base += chunk;
+  }
+  __syncthreads();
+  const int first_seq = int(scratch[kWarps]);
+  const int64_t first_pos = first_seq >= 0 ? scratch[kWarps + 1] : 0;
+  __syncthreads();  // scratch is the consumers' reduction buffer afterwards
+  return cuda_plan::balanced_cursor(part, p.parts, int(total), first_seq, int(first_pos), p.num_seqs, p.whole_short);
+}
+
+__device__ __forceinline__ uint32_t bar_addr(uint32_t base, int i) { return base + uint32_t(8 * i); }
+
+// ---- the producer: one thread ----
+
+// Block ids of the pages of tile t (one per copy: kCopies pages of 64 / kCopies keys), -1 where absent
+// (past the segment, past the table, or an id outside [0, num_blocks)), and each copy's first row in its page.
+template <int kCopies>
+struct TilePages {
+  int blk[kCopies], row[kCopies];
+};
+template <int kCopies>
+__device__ __forceinline__ TilePages<kCopies> fetch_pages(const DecodeKernelParams& p, const int32_t* bt_row, int kt,
+                                                          int k_end) {
+  constexpr int rows = kTile / kCopies;
+  TilePages<kCopies> tp;
+#pragma unroll
+  for (int c = 0; c < kCopies; ++c) {
+    tp.blk[c] = -1;
+    tp.row[c] = 0;
+    const int k = kt + c * rows;
+    if (k < k_end) {
+      const int page = k / p.block_size;
+      tp.row[c] = k - page * p.block_size;
+      if (page < p.max_blocks_per_seq) {
+        const int32_t b = __ldg(bt_row + page);
+        if (b >= 0 && b < p.num_blocks) tp.blk[c] = b;
+      }
+    }
+  }
+  return tp;
+}
+
+// Present keys of a tile as bits: a prefix of each present page's keys (up to the segment's end).
+template <int kCopies>
+__device__ __forceinline__ uint64_t present_bits(const TilePages<kCopies>& tp, int kt, int k_end) {
+  constexpr int rows = kTile / kCopies;
+  uint64_t bits = 0;
+#pragma unroll
+  for (int c = 0; c < kCopies; ++c) {
+    if (tp.blk[c] < 0) continue;
+    const int n = min(rows, k_end - (kt + c * rows));
+    if (n > 0) bits |= (n >= 64 ? ~0ull : ((1ull << n) - 1)) << (c * rows);
+  }
+  return bits;
+}
+
+// Where the fp8 bytes of column block c land: the back of its stage half (blocks [0, 4) or [4, 9) of the stage),
+// block after block, so that converting the half's blocks in ascending order in place never overwrites bytes
+// not yet read: converted block c ends at 8 KiB · (c + 1), which reaches into the fp8 bytes of the half's later
+// blocks only in its last step, whose bytes the converters read one step ahead (convert_fp8).
+__device__ __forceinline__ uint32_t fp8_block_offset(int c) {
+  const int end = c < 4 ? 4 : kSubTiles;          // the half's end block
+  const int first = c < 4 ? 0 : 4;                // its first block
+  return uint32_t(end * kBlockBytes - (end - first) * kF8BlockBytes + (c - first) * kF8BlockBytes);
+}
+
+// The copying thread. kCopies copies per 64-dim column block of a tile: 1 for pages of ≥ 64 keys, 2 for 32, 4
+// for 16. bf16: each block straight into the ring, completing on its `full` barrier. fp8 (kFp8): each stage
+// half's blocks into the back of the half, completing on the half's `staged` barrier; the converters take
+// it from there.
+template <int kCopies, bool kFp8>
+__device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUtensorMap* map, Segments segs,
+                                        uint8_t* smem) {
+  constexpr int rows = kTile / kCopies;  // keys per copy
+  const uint32_t kv = smem_addr(smem + Smem::kv);
+  const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
+  const uint32_t staged = smem_addr(smem + Smem::staged);
+  uint64_t* const ok = reinterpret_cast<uint64_t*>(smem + Smem::ok);
+  // Keys are evicted first from L2 (evict-normal when row chunks share keys measured 1-4% slower at
+  // 128 heads: the chunks of a split run side by side and meet their keys in L2 anyway).
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  // Copies of column blocks [c0, c1) of a tile (one stage half) into stage `st`.
+  auto copy_blocks = [&](const TilePages<kCopies>& tp, int st, int c0, int c1) {
+    const uint32_t stage = kv + uint32_t(st * kTileBytes);
+    if constexpr (kFp8) {
+      const uint32_t bar = bar_addr(staged, 2 * st + (c0 > 0));
+      mbar_arrive_expect_tx(bar, uint32_t((c1 - c0) * kF8BlockBytes));
+#pragma unroll 1
+      for (int c = c0; c < c1; ++c)
+#pragma unroll
+        for (int q = 0; q < kCopies; ++q)
+          tma_load_3d(stage + fp8_block_offset(c) + uint32_t(q * rows * 64), map, bar, c * 64, tp.row[q], tp.blk[q],
+                      policy);
+    } else {
+#pragma unroll 1
+      for (int c = c0; c < c1; ++c) {
+        const uint32_t bar = bar_addr(full, st * kSubTiles + c);
+        mbar_arrive_expect_tx(bar, kBlockBytes);
+#pragma unroll
+        for (int q = 0; q < kCopies; ++q)
+          tma_load_3d(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, tp.row[q], tp.blk[q],
+                      policy);
+      }
+    }
+  };
+  // Pairs of tiles (a in stage 0, b in stage 1), numbered across the CTA's segments (g): the ring runs on
+  // from one segment into the next. The four halves of a pair's stages are refilled in the order the
+  // consumers release them in the previous pair: a's columns 0-3 (after warpgroup 0's P_a·V_a,L), b's
+  // columns 4-8 (after warpgroup 1's P_b·V_b,R), a's columns 4-8 (after P_a·V_a,R, which waits for m_b),
+  // b's columns 0-3 (after P_b·V_b,L, last).
+  int64_t g = 0;
+  CtaWork w;
+  while (segs.next(p, w)) {
+    const int32_t* const bt_row = p.block_table + int64_t(w.seq) * p.block_table_stride;
+    TilePages<kCopies> next_a = fetch_pages<kCopies>(p, bt_row, w.k_begin, w.k_end);
+    TilePages<kCopies> next_b = fetch_pages<kCopies>(p, bt_row, w.k_begin + kTile, w.k_end);
+    for (int i = 0; i < w.npairs; ++i, ++g) {
+      const int kt = w.k_begin + 2 * i * kTile;
+      const TilePages<kCopies> ta = next_a, tb = next_b;
+      next_a = fetch_pages<kCopies>(p, bt_row, kt + 2 * kTile, w.k_end);  // in flight while this pair waits
+      next_b = fetch_pages<kCopies>(p, bt_row, kt + 3 * kTile, w.k_end);
+      const uint32_t prev = uint32_t(g - 1) & 1;  // phase of the previous pair's releases
+      // A block id of -1 is out of the tensor map's range: the copy engine fills zeros (and counts the bytes).
+      if (g > 0) mbar_wait(bar_addr(empty, 0), prev);
+      ok[0] = present_bits(ta, kt, w.k_end);
+      copy_blocks(ta, 0, 0, 4);
+      if (g > 0) mbar_wait(bar_addr(empty, 3), prev);
+      copy_blocks(tb, 1, 4, kSubTiles);
+      if (g > 0) mbar_wait(bar_addr(empty, 1), prev);
+      copy_blocks(ta, 0, 4, kSubTiles);
+      if (g > 0) mbar_wait(bar_addr(empty, 2), prev);
+      ok[1] = present_bits(tb, kt + kTile, w.k_end);
+      copy_blocks(tb, 1, 0, 4);
+    }
+  }
+}
+
+// Two e4m3 values (low byte first) → two f16, exactly, in one instruction.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// The converters (ct = 0..95: warps 1-3 of the producer warpgroup): every stage half in the copying thread's
+// order, once its fp8 bytes have landed, into f16 column blocks in place, ascending. Thread ct converts 16-byte
+// chunks i = ct, ct + 96, ct + 192 (< 256) of a block: key i / 4, dims 16 · (i % 4) .. + 15, read conflict-free
+// (a quarter warp reads 128 contiguous bytes) and written as two 16-byte chunks of the key's 128-byte-swizzled
+// row (a quarter warp covers the 8 chunk positions of two rows: conflict-free). Each step reads the next
+// block's bytes before the barrier that ends it, so the last block of a half, whose f16 bytes cover its own fp8
+// bytes, is read before any thread writes it; the barrier also orders every read of the step before the next
+// step's writes, which are the only ones that reach the bytes read (fp8_block_offset).
+__device__ __forceinline__ void convert_fp8(const DecodeKernelParams& p, Segments segs, uint8_t* smem, int ct) {
+  const uint32_t full = smem_addr(smem + Smem::full), staged = smem_addr(smem + Smem::staged);
+  constexpr int kChunks = (kTile * 4 + kConverterThreads - 1) / kConverterThreads;  // 3
+  auto read_block = [&](const uint8_t* stage, int c, uint4 (&v)[kChunks]) {
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const int i = ct + k * kConverterThreads;
+      if (i < kTile * 4) v[k] = *reinterpret_cast<const uint4*>(stage + fp8_block_offset(c) + i * 16);
+    }
+  };
+  auto write_block = [&](uint8_t* stage, int c, const uint4 (&v)[kChunks]) {
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const int i = ct + k * kConverterThreads;
+      if (i >= kTile * 4) continue;
+      const int r = i >> 2, part = i & 3;
+      uint8_t* const row = stage + c * kBlockBytes + r * 128;
+      const uint4 lo = make_uint4(e4m3x2_to_f16x2(v[k].x), e4m3x2_to_f16x2(v[k].x >> 16),
+                                  e4m3x2_to_f16x2(v[k].y), e4m3x2_to_f16x2(v[k].y >> 16));
+      const uint4 hi = make_uint4(e4m3x2_to_f16x2(v[k].z), e4m3x2_to_f16x2(v[k].z >> 16),
+                                  e4m3x2_to_f16x2(v[k].w), e4m3x2_to_f16x2(v[k].w >> 16));
+      *reinterpret_cast<uint4*>(row + (((2 * part) ^ (r & 7)) << 4)) = lo;
+      *reinterpret_cast<uint4*>(row + (((2 * part + 1) ^ (r & 7)) << 4)) = hi;
+    }
+  };
+  // Column blocks [c0, c1) of stage st, whose fp8 bytes complete the phase `par` of their staged barrier.
+  auto convert_half = [&](int st, int c0, int c1, uint32_t par) {
+    uint8_t* const stage = smem + Smem::kv + st * kTileBytes;
+    mbar_wait(bar_addr(staged, 2 * st + (c0 > 0)), par);
+    uint4 cur[kChunks], next[kChunks];
+    read_block(stage, c0, cur);
+#pragma unroll 1
+    for (int c = c0; c < c1; ++c) {
+      if (c + 1 < c1) read_block(stage, c + 1, next);
+      write_block(stage, c, cur);
+      fence_proxy_async();  // the consumers' wgmma reads the block through the async proxy
+      named_bar_sync(kBarConvert, kConverterThreads);
+      if (ct == 0) mbar_arrive(bar_addr(full, st * kSubTiles + c));
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) cur[k] = next[k];
+    }
+  };
+  int64_t g = 0;
+  CtaWork w;
+  while (segs.next(p, w)) {
+    for (int i = 0; i < w.npairs; ++i, ++g) {
+      const uint32_t par = uint32_t(g) & 1;
+      convert_half(0, 0, 4, par);
+      convert_half(1, 4, kSubTiles, par);
+      convert_half(0, 4, kSubTiles, par);
+      convert_half(1, 0, 4, par);
+    }
+  }
+}
+
+}  // namespace mladcp::cuda_impl::sm90_ring
