@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wg == 2) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kFp8 ? kProducerRegsFp8 : kProducerRegs));
     if (kFp8 && tid >= 2 * 128 + 32) {
       convert_fp8(p, segs, smem, tid - (2 * 128 + 32));
     } else if (tid == 2 * 128) {
@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kFp8 ? kConsumerRegsFp8 : kConsumerRegs));
 
   uint8_t* const q_s = smem + Smem::q;
   uint8_t* const kv_s = smem + Smem::kv;

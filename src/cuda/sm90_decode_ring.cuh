@@ -14,6 +14,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/decode_kernel.cuh"
 #include "cuda/sm90_ptx.cuh"
@@ -32,6 +33,9 @@ constexpr int kTileBytes = 9 * kBlockBytes;   // 73728: 64 rows × 576 bf16
 // The CTA starts with 168 registers per thread (launch bounds); the consumers can only take what the producer
 // gives back: 128 · (168 − 56) = 256 · (224 − 168). (More for the producer and setmaxnreg.inc never returns.)
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;
+// fp8 caches: the converters take 8 more (the consumers' f16 path needs no more than 216).
+constexpr int kProducerRegsFp8 = 64, kConsumerRegsFp8 = 216;
+static_assert(128 * kProducerRegsFp8 + 256 * kConsumerRegsFp8 <= 168 * kThreads, "register budget");
 // fp8 caches: a column block's fp8 bytes ([64 keys][64 B]), and the converters (warps 1-3 of the producer
 // warpgroup) with their named barrier (the consumers use 1-7).
 constexpr int kF8BlockBytes = 64 * 64;
@@ -48,7 +52,7 @@ struct Smem {
   static constexpr int full = ok + 2 * 8;                 // [2][9] u64
   static constexpr int empty = full + 2 * kSubTiles * 8;  // [2][2] u64
   static constexpr int staged = empty + 4 * 8;            // [2][2] u64: a stage half's fp8 bytes landed (fp8)
-  static constexpr int qscale = staged + 4 * 8;          // [64] fp32: 2^-e of each query row (fp8: f16 queries)
+  static constexpr int qscale = staged + 4 * 8;           // [64] fp32: 2^-e of each query row (fp8: f16 queries)
   static constexpr int seg = qscale + 64 * 4;             // SegmentState: the consumers' segment cursor
   static constexpr int total = seg + 256;
 };
@@ -259,8 +263,8 @@ __device__ __forceinline__ uint64_t present_bits(const TilePages<kCopies>& tp, i
 // not yet read: converted block c ends at 8 KiB · (c + 1), which reaches into the fp8 bytes of the half's later
 // blocks only in its last step, whose bytes the converters read one step ahead (convert_fp8).
 __device__ __forceinline__ uint32_t fp8_block_offset(int c) {
-  const int end = c < 4 ? 4 : kSubTiles;          // the half's end block
-  const int first = c < 4 ? 0 : 4;                // its first block
+  const int end = c < 4 ? 4 : kSubTiles;  // the half's end block
+  const int first = c < 4 ? 0 : 4;        // its first block
   return uint32_t(end * kBlockBytes - (end - first) * kF8BlockBytes + (c - first) * kF8BlockBytes);
 }
 
@@ -336,71 +340,93 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
   }
 }
 
-// Two e4m3 values (low byte first) → two f16, exactly, in one instruction.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+// Four e4m3 values (low byte first) → four f16 (two words), exactly, one instruction per two.
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t four) {
+  uint2 r;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.rn.f16x2.e4m3x2 %0, lo;\ncvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
+      : "=r"(r.x), "=r"(r.y)
+      : "r"(four));
+  return r;
+}
+
+// Where a converter must wait for the others before the next step, and may release the blocks converted so far:
+// after block c of a half when the next step writes f16 bytes over fp8 bytes read before this point (blocks 2 and
+// 3 over the fp8 bytes of 0-1 and 2-3; 6, 7, 8 over those of 4, 5-6, 7-8), and after the half's last block.
+__device__ __forceinline__ constexpr bool convert_sync_after(int c) {
+  return c == 1 || c == 2 || c == 3 || c == 5 || c == 7 || c == 8;
 }
 
 // The converters (ct = 0..95: warps 1-3 of the producer warpgroup): every stage half in the copying thread's
 // order, once its fp8 bytes have landed, into f16 column blocks in place, ascending. Thread ct converts 16-byte
 // chunks i = ct, ct + 96, ct + 192 (< 256) of a block: key i / 4, dims 16 · (i % 4) .. + 15, read conflict-free
 // (a quarter warp reads 128 contiguous bytes) and written as two 16-byte chunks of the key's 128-byte-swizzled
-// row (a quarter warp covers the 8 chunk positions of two rows: conflict-free). Each step reads the next
-// block's bytes before the barrier that ends it, so the last block of a half, whose f16 bytes cover its own fp8
-// bytes, is read before any thread writes it; the barrier also orders every read of the step before the next
-// step's writes, which are the only ones that reach the bytes read (fp8_block_offset).
+// row (a quarter warp covers the 8 chunk positions of two rows: conflict-free). Each step reads the next block's
+// fp8 bytes before writing its own block; the steps after which the converters meet (convert_sync_after) order
+// every read before the writes that reach its bytes (fp8_block_offset), and release the converted blocks to the
+// consumers (proxy fence, barrier, one arrival per block).
 __device__ __forceinline__ void convert_fp8(const DecodeKernelParams& p, Segments segs, uint8_t* smem, int ct) {
   const uint32_t full = smem_addr(smem + Smem::full), staged = smem_addr(smem + Smem::staged);
   constexpr int kChunks = (kTile * 4 + kConverterThreads - 1) / kConverterThreads;  // 3
-  auto read_block = [&](const uint8_t* stage, int c, uint4 (&v)[kChunks]) {
+  const bool third = ct + 2 * kConverterThreads < kTile * 4;                        // warp-uniform
+  // The thread's chunks: fp8 offset in a block, f16 offsets of its two halves in a block.
+  int src_off[kChunks], dst_lo[kChunks], dst_hi[kChunks];
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int i = min(ct + k * kConverterThreads, kTile * 4 - 1);
+    const int r = i >> 2, part = i & 3;
+    src_off[k] = i * 16;
+    dst_lo[k] = r * 128 + (((2 * part) ^ (r & 7)) << 4);
+    dst_hi[k] = r * 128 + (((2 * part + 1) ^ (r & 7)) << 4);
+  }
+  auto read_block = [&](const uint8_t* stage, int c, uint4(&v)[kChunks]) {
+    const uint8_t* const b = stage + fp8_block_offset(c);
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k)
+      if (k < 2 || third) v[k] = *reinterpret_cast<const uint4*>(b + src_off[k]);
+  };
+  auto write_block = [&](uint8_t* stage, int c, const uint4(&v)[kChunks]) {
+    uint8_t* const b = stage + c * kBlockBytes;
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
-      const int i = ct + k * kConverterThreads;
-      if (i < kTile * 4) v[k] = *reinterpret_cast<const uint4*>(stage + fp8_block_offset(c) + i * 16);
+      if (k == 2 && !third) continue;
+      const uint2 x = e4m3x4_to_f16x4(v[k].x), y = e4m3x4_to_f16x4(v[k].y);
+      const uint2 z = e4m3x4_to_f16x4(v[k].z), w = e4m3x4_to_f16x4(v[k].w);
+      *reinterpret_cast<uint4*>(b + dst_lo[k]) = make_uint4(x.x, x.y, y.x, y.y);
+      *reinterpret_cast<uint4*>(b + dst_hi[k]) = make_uint4(z.x, z.y, w.x, w.y);
     }
   };
-  auto write_block = [&](uint8_t* stage, int c, const uint4 (&v)[kChunks]) {
-#pragma unroll
-    for (int k = 0; k < kChunks; ++k) {
-      const int i = ct + k * kConverterThreads;
-      if (i >= kTile * 4) continue;
-      const int r = i >> 2, part = i & 3;
-      uint8_t* const row = stage + c * kBlockBytes + r * 128;
-      const uint4 lo = make_uint4(e4m3x2_to_f16x2(v[k].x), e4m3x2_to_f16x2(v[k].x >> 16),
-                                  e4m3x2_to_f16x2(v[k].y), e4m3x2_to_f16x2(v[k].y >> 16));
-      const uint4 hi = make_uint4(e4m3x2_to_f16x2(v[k].z), e4m3x2_to_f16x2(v[k].z >> 16),
-                                  e4m3x2_to_f16x2(v[k].w), e4m3x2_to_f16x2(v[k].w >> 16));
-      *reinterpret_cast<uint4*>(row + (((2 * part) ^ (r & 7)) << 4)) = lo;
-      *reinterpret_cast<uint4*>(row + (((2 * part + 1) ^ (r & 7)) << 4)) = hi;
-    }
-  };
-  // Column blocks [c0, c1) of stage st, whose fp8 bytes complete the phase `par` of their staged barrier.
-  auto convert_half = [&](int st, int c0, int c1, uint32_t par) {
+  // Column blocks [kC0, kC1) of stage st, whose fp8 bytes complete the phase `par` of their staged barrier.
+  auto convert_half = [&](auto c0_const, auto c1_const, int st, uint32_t par) {
+    constexpr int kC0 = decltype(c0_const)::value, kC1 = decltype(c1_const)::value;
     uint8_t* const stage = smem + Smem::kv + st * kTileBytes;
-    mbar_wait(bar_addr(staged, 2 * st + (c0 > 0)), par);
-    uint4 cur[kChunks], next[kChunks];
-    read_block(stage, c0, cur);
-#pragma unroll 1
-    for (int c = c0; c < c1; ++c) {
-      if (c + 1 < c1) read_block(stage, c + 1, next);
-      write_block(stage, c, cur);
-      fence_proxy_async();  // the consumers' wgmma reads the block through the async proxy
-      named_bar_sync(kBarConvert, kConverterThreads);
-      if (ct == 0) mbar_arrive(bar_addr(full, st * kSubTiles + c));
+    mbar_wait(bar_addr(staged, 2 * st + (kC0 > 0)), par);
+    uint4 v[2][kChunks];
+    read_block(stage, kC0, v[0]);
+    int released = kC0;
 #pragma unroll
-      for (int k = 0; k < kChunks; ++k) cur[k] = next[k];
+    for (int c = kC0; c < kC1; ++c) {
+      if (c + 1 < kC1) read_block(stage, c + 1, v[(c + 1 - kC0) & 1]);
+      write_block(stage, c, v[(c - kC0) & 1]);
+      if (convert_sync_after(c)) {
+        fence_proxy_async();  // the consumers' wgmma reads the blocks through the async proxy
+        named_bar_sync(kBarConvert, kConverterThreads);
+        if (ct == 0)
+          for (; released <= c; ++released) mbar_arrive(bar_addr(full, st * kSubTiles + released));
+      }
     }
   };
+  using B0 = std::integral_constant<int, 0>;
+  using B4 = std::integral_constant<int, 4>;
+  using B9 = std::integral_constant<int, kSubTiles>;
   int64_t g = 0;
   CtaWork w;
   while (segs.next(p, w)) {
     for (int i = 0; i < w.npairs; ++i, ++g) {
       const uint32_t par = uint32_t(g) & 1;
-      convert_half(0, 0, 4, par);
-      convert_half(1, 4, kSubTiles, par);
-      convert_half(0, 4, kSubTiles, par);
-      convert_half(1, 0, 4, par);
+      convert_half(B0{}, B4{}, 0, par);
+      convert_half(B4{}, B9{}, 1, par);
+      convert_half(B4{}, B9{}, 0, par);
+      convert_half(B0{}, B4{}, 1, par);
     }
   }
 }
