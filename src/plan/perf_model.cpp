@@ -133,7 +133,7 @@ KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t ba
   const int64_t chunks = base / std::max<int64_t>(1, batch);
   const cuda_plan::BalancedChoice b = cuda_plan::balanced_choice(std::max<int64_t>(1, batch), chunks, g.ctas, g.splits,
                                                                  g.wave_ctas, cuda_plan::Schedule::kAuto);
-  if (!small && dev.balanced_schedule && kv_dtype != DType::kFP8E4M3 && b.take) {
+  if (!small && dev.balanced_schedule && b.take) {
     g.ctas = b.parts * chunks;
     if (b.whole_short) {
       g.splits = 1;

@@ -380,7 +380,8 @@ TEST(PlanModel, KernelGridFollowsTheRowsOfThePortableKernel) {
 }
 
 // balanced_schedule (Hopper): where the split plan runs several waves of several splits, one wave of parts ×
-// row chunks, a few partial states per sequence; one-wave plans and fp8 keep the splits.
+// row chunks, a few partial states per sequence; one-wave plans keep the splits. fp8 caches with more than 32 rows
+// run the same kernel (and schedule); up to 32 rows the fp8 kernel's splits.
 TEST(PlanModel, KernelGridFollowsTheBalancedSchedule) {
   DeviceParams dev = shipped().device;
   dev.two_per_sm_max_rows = 16;
@@ -393,8 +394,10 @@ TEST(PlanModel, KernelGridFollowsTheBalancedSchedule) {
   EXPECT_EQ(g.waves(), 1);
   EXPECT_GE(g.splits, 2);
   EXPECT_LE(g.splits, 6);  // 66 parts over 16 sequences: about 4 parts each, plus one at a boundary
-  EXPECT_EQ(kernel_grid(dev, 128, 1, 64, 4096, DType::kBF16).ctas, 128);       // one wave of whole sequences
-  EXPECT_GT(kernel_grid(dev, 128, 1, 16, 65536, DType::kFP8E4M3).waves(), 1);  // fp8: the portable kernel
+  EXPECT_EQ(kernel_grid(dev, 128, 1, 64, 4096, DType::kBF16).ctas, 128);  // one wave of whole sequences
+  EXPECT_EQ(kernel_grid(dev, 128, 1, 16, 65536, DType::kFP8E4M3).ctas, dev.sms / 2 * 2);
+  const KernelGrid f16 = kernel_grid(dev, 16, 1, 16, 262144, DType::kFP8E4M3);  // 16 rows: the fp8 kernel's splits
+  EXPECT_EQ(f16.ctas, 16 * f16.splits);
 }
 
 // ---- Bad input -----------------------------------------------------------------------------------
