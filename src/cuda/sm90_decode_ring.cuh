@@ -17,11 +17,14 @@
 #include <type_traits>
 
 #include "cuda/decode_kernel.cuh"
+#include "cuda/sm90_fp8_ring_layout.h"
 #include "cuda/sm90_ptx.cuh"
 
 namespace mladcp::cuda_impl::sm90_ring {
 
 using namespace sm90;
+using sm90_fp8_ring::convert_sync_after;
+using sm90_fp8_ring::fp8_block_offset;
 
 constexpr int kRows = 64;
 constexpr int kTile = 64;                     // keys per tile
@@ -36,9 +39,10 @@ constexpr int kProducerRegs = 56, kConsumerRegs = 224;
 // fp8 caches: the converters take 8 more (the consumers' f16 path needs no more than 216).
 constexpr int kProducerRegsFp8 = 64, kConsumerRegsFp8 = 216;
 static_assert(128 * kProducerRegsFp8 + 256 * kConsumerRegsFp8 <= 168 * kThreads, "register budget");
-// fp8 caches: a column block's fp8 bytes ([64 keys][64 B]), and the converters (warps 1-3 of the producer
-// warpgroup) with their named barrier (the consumers use 1-7).
-constexpr int kF8BlockBytes = 64 * 64;
+// fp8 caches: a column block's fp8 bytes ([64 keys][64 B]; the expansion's layout: sm90_fp8_ring_layout.h), and
+// the converters (warps 1-3 of the producer warpgroup) with their named barrier (the consumers use 1-7).
+using sm90_fp8_ring::kF8BlockBytes;
+static_assert(sm90_fp8_ring::kF16BlockBytes == kBlockBytes && sm90_fp8_ring::kBlocks == kSubTiles, "ring layout");
 constexpr int kConverterThreads = 96;
 constexpr int kBarConvert = 8;
 
@@ -258,16 +262,6 @@ __device__ __forceinline__ uint64_t present_bits(const TilePages<kCopies>& tp, i
   return bits;
 }
 
-// Where the fp8 bytes of column block c land: the back of its stage half (blocks [0, 4) or [4, 9) of the stage),
-// block after block, so that converting the half's blocks in ascending order in place never overwrites bytes
-// not yet read: converted block c ends at 8 KiB · (c + 1), which reaches into the fp8 bytes of the half's later
-// blocks only in its last step, whose bytes the converters read one step ahead (convert_fp8).
-__device__ __forceinline__ uint32_t fp8_block_offset(int c) {
-  const int end = c < 4 ? 4 : kSubTiles;  // the half's end block
-  const int first = c < 4 ? 0 : 4;        // its first block
-  return uint32_t(end * kBlockBytes - (end - first) * kF8BlockBytes + (c - first) * kF8BlockBytes);
-}
-
 // The copying thread. kCopies copies per 64-dim column block of a tile: 1 for pages of ≥ 64 keys, 2 for 32, 4
 // for 16. bf16: each block straight into the ring, completing on its `full` barrier. fp8 (kFp8): each stage
 // half's blocks into the back of the half, completing on the half's `staged` barrier; the converters take
@@ -347,13 +341,6 @@ __device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t four) {
       : "=r"(r.x), "=r"(r.y)
       : "r"(four));
   return r;
-}
-
-// Where a converter must wait for the others before the next step, and may release the blocks converted so far:
-// after block c of a half when the next step writes f16 bytes over fp8 bytes read before this point (blocks 2 and
-// 3 over the fp8 bytes of 0-1 and 2-3; 6, 7, 8 over those of 4, 5-6, 7-8), and after the half's last block.
-__device__ __forceinline__ constexpr bool convert_sync_after(int c) {
-  return c == 1 || c == 2 || c == 3 || c == 5 || c == 7 || c == 8;
 }
 
 // The converters (ct = 0..95: warps 1-3 of the producer warpgroup): every stage half in the copying thread's

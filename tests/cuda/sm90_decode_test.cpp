@@ -13,6 +13,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_test_util.h"
+#include "cuda/sm90_fp8_ring_layout.h"
 
 namespace mladcp::test {
 namespace {
@@ -168,6 +169,37 @@ TEST(Sm90Fp8Decode, ManyRowsInChunksOf32) {
            config(40, 1, 64, {65, 1000}, 262, f8, {2, 0, 1}),  // 40 rows: a chunk of 8, DCP rank 0 of 2
        })
     EXPECT_TRUE(matches_oracle(*all, cfg, "hopper fp8 (all rows)"));
+}
+
+// The in-place fp8 → f16 expansion of the Hopper kernel's ring, replayed on the host: the converting threads run
+// unordered between the points where they meet, so every fp8 block must be read in an earlier such phase than any
+// f16 write that covers its bytes, no write may leave the stage half, and every block is released once, after it
+// is written. Fails if the layout or the meeting points change into a race.
+TEST(Sm90Fp8Ring, InPlaceExpansionReadsEveryByteBeforeItIsOverwritten) {
+  namespace r = cuda_impl::sm90_fp8_ring;
+  for (const int first : {0, 4}) {
+    const int end = r::half_end(first);
+    ASSERT_EQ(r::half_first(end - 1), first);
+    // Phase of each step: the number of meetings before it. Block c's fp8 bytes are read in step c - 1 (the first
+    // block's before the first step, phase 0), its f16 bytes written in step c.
+    std::vector<int> phase(end + 1, 0);
+    for (int c = first; c < end; ++c) phase[c + 1] = phase[c] + (r::convert_sync_after(c) ? 1 : 0);
+    auto read_phase = [&](int j) { return j == first ? 0 : phase[j - 1]; };
+    const int lo = first * r::kF16BlockBytes, hi = end * r::kF16BlockBytes;  // the half's bytes
+    for (int j = first; j < end; ++j) {
+      const int s0 = int(r::fp8_block_offset(j)), s1 = s0 + r::kF8BlockBytes;
+      EXPECT_GE(s0, lo) << "fp8 block " << j;
+      EXPECT_LE(s1, hi) << "fp8 block " << j;
+      for (int c = first; c < end; ++c) {
+        const int d0 = c * r::kF16BlockBytes, d1 = d0 + r::kF16BlockBytes;
+        if (d0 < s1 && s0 < d1)
+          EXPECT_LT(read_phase(j), phase[c]) << "f16 block " << c << " overwrites fp8 block " << j << " while read";
+      }
+      for (int j2 = first; j2 < j; ++j2)
+        EXPECT_LE(int(r::fp8_block_offset(j2)) + r::kF8BlockBytes, s0) << "fp8 blocks " << j2 << ", " << j;
+    }
+    EXPECT_TRUE(r::convert_sync_after(end - 1)) << "the half's last block must be released";
+  }
 }
 
 // fp8-e4m3 caches with more than 32 query rows per sequence run the Hopper 64-row kernel (its producer converts
