@@ -318,9 +318,10 @@ __device__ __forceinline__ void scale_queries_to_f16(uint8_t* q_s, float* qscale
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   int ex = 0;
   if (mx > 0.0f && mx < INFINITY) {
-    frexpf(mx, &ex);          // mx in [2^(ex-1), 2^ex)
-    ex = max(15 - ex, -110);  // ... times 2^(15-ex) in [2^14, 2^15); 2^ex stays a normal float
-    ex = min(ex, 110);
+    frexpf(mx, &ex);  // mx in [2^(ex-1), 2^ex)
+    // ... times 2^(15-ex) in [2^14, 2^15). 15 - ex >= -113 for every finite float; the upper bound keeps 2^ex and
+    // 2^-ex normal floats (rows below 2^-111 end up under 2^14, in f16's subnormal range at worst).
+    ex = min(15 - ex, 126);
   }
   const float up = ldexpf(1.0f, ex);
   auto to_f16x2 = [&](uint32_t w) {
