@@ -61,6 +61,9 @@ struct RescaleParams {
 Status validate(const MergeParams& p);
 Status validate(const RescaleParams& p);
 
+// The same params with every zero stride replaced by its contiguous default.
+MergeParams with_default_strides(const MergeParams& p);
+
 // Host implementations (any thread count; deterministic: fixed summation order over n).
 Status merge_states_host(const MergeParams& p);
 Status rescale_states_host(const RescaleParams& p);

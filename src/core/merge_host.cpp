@@ -50,8 +50,7 @@ Status validate(const RescaleParams& p) {
   return Status::Ok();
 }
 
-Status merge_states_host(const MergeParams& in) {
-  MLADCP_RETURN_IF_ERROR(validate(in));
+MergeParams with_default_strides(const MergeParams& in) {
   MergeParams p = in;
   const int64_t D = p.head_dim, H = p.num_heads, T = p.num_tokens;
   if (!p.in_stride_head) p.in_stride_head = D;
@@ -62,6 +61,13 @@ Status merge_states_host(const MergeParams& in) {
   if (!p.out_stride_head) p.out_stride_head = D;
   if (!p.out_stride_token) p.out_stride_token = H * p.out_stride_head;
   if (!p.out_lse_stride_token) p.out_lse_stride_token = H;
+  return p;
+}
+
+Status merge_states_host(const MergeParams& in) {
+  MLADCP_RETURN_IF_ERROR(validate(in));
+  const MergeParams p = with_default_strides(in);
+  const int64_t D = p.head_dim, H = p.num_heads, T = p.num_tokens;
 
   std::vector<float> acc(D), w(p.num_states);
   for (int64_t t = 0; t < T; ++t) {

@@ -268,17 +268,7 @@ class CudaBackend final : public Backend {
 
   Status merge(const MergeParams& in, const ExecContext& ctx) override {
     MLADCP_RETURN_IF_ERROR(validate(in));
-    MergeParams p = in;
-    const int64_t D = p.head_dim, H = p.num_heads, T = p.num_tokens;
-    if (!p.in_stride_head) p.in_stride_head = D;
-    if (!p.in_stride_token) p.in_stride_token = H * p.in_stride_head;
-    if (!p.in_stride_state) p.in_stride_state = T * p.in_stride_token;
-    if (!p.lse_stride_token) p.lse_stride_token = H;
-    if (!p.lse_stride_state) p.lse_stride_state = T * p.lse_stride_token;
-    if (!p.out_stride_head) p.out_stride_head = D;
-    if (!p.out_stride_token) p.out_stride_token = H * p.out_stride_head;
-    if (!p.out_lse_stride_token) p.out_lse_stride_token = H;
-    return cuda_impl::launch_merge(p, ctx.stream);
+    return cuda_impl::launch_merge(with_default_strides(in), ctx.stream);
   }
 
   Status rescale(const RescaleParams& p, const ExecContext& ctx) override {
