@@ -41,6 +41,7 @@
 
 #include "core/lse_math.h"
 #include "cuda/decode_kernel.cuh"
+#include "cuda/f16_scaling.h"
 #include "cuda/sm90_decode.h"
 #include "cuda/sm90_decode_ring.cuh"
 #include "cuda/sm90_ptx.cuh"
@@ -245,13 +246,10 @@ __device__ __forceinline__ void mask_scores(float (&s)[32], float (&mx)[2], cons
 // Two probabilities as an A/B operand word of the products' type.
 template <bool kF16>
 __device__ __forceinline__ uint32_t pack_operand(float lo, float hi) {
-  if constexpr (kF16) {
-    uint32_t r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  } else {
+  if constexpr (kF16)
+    return pack_f16(lo, hi);
+  else
     return pack_bf16(lo, hi);
-  }
 }
 
 // s ← 2^(s·scale − m) (fp32, kept), row sums added to l, A fragments (bf16 or f16) into p.
@@ -305,30 +303,21 @@ __device__ __forceinline__ void scale_queries_to_f16(uint8_t* q_s, float* qscale
   auto chunk = [&](int ch) {
     return reinterpret_cast<uint4*>(q_s + (ch >> 3) * kBlockBytes + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
   };
-  auto as_float2 = [](uint32_t w) { return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u)); };
   float mx = 0.0f;
   for (int ch = q4; ch < kRowChunks; ch += 4) {
     const uint4 v = *chunk(ch);
     for (const uint32_t w : {v.x, v.y, v.z, v.w}) {
-      const float2 f = as_float2(w);
+      const float2 f = bf16x2_to_float2(w);
       mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
     }
   }
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  int ex = 0;
-  if (mx > 0.0f && mx < INFINITY) {
-    frexpf(mx, &ex);  // mx in [2^(ex-1), 2^ex)
-    // ... times 2^(15-ex) in [2^14, 2^15). 15 - ex >= -113 for every finite float; the upper bound keeps 2^ex and
-    // 2^-ex normal floats (rows below 2^-111 end up under 2^14, in f16's subnormal range at worst).
-    ex = min(15 - ex, 126);
-  }
+  const int ex = f16_row_exponent(mx);
   const float up = ldexpf(1.0f, ex);
   auto to_f16x2 = [&](uint32_t w) {
-    const float2 f = as_float2(w);
-    uint32_t h;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(f.y * up), "f"(f.x * up));
-    return h;
+    const float2 f = bf16x2_to_float2(w);
+    return pack_f16(f.x * up, f.y * up);
   };
   for (int ch = q4; ch < kRowChunks; ch += 4) {
     uint4* const c = chunk(ch);

@@ -11,7 +11,6 @@
 #pragma once
 
 #include <cuda.h>
-#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -332,15 +331,6 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
       copy_blocks(tb, 1, 0, 4);
     }
   }
-}
-
-// Four e4m3 values (low byte first) → four f16 (two words), exactly, one instruction per two.
-__device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t four) {
-  uint2 r;
-  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.rn.f16x2.e4m3x2 %0, lo;\ncvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
-      : "=r"(r.x), "=r"(r.y)
-      : "r"(four));
-  return r;
 }
 
 // The converters (ct = 0..95: warps 1-3 of the producer warpgroup): every stage half in the copying thread's

@@ -40,7 +40,6 @@
 // efficient, and the 16-byte fp16 stores of each quarter warp (two keys of different parity) hit the 8 bank groups
 // once each: 4 wavefronts per store, the minimum.
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -48,6 +47,7 @@
 
 #include "core/lse_math.h"
 #include "cuda/decode_kernel.cuh"
+#include "cuda/f16_scaling.h"
 #include "cuda/sm90_decode.h"
 #include "cuda/sm90_ptx.cuh"
 
@@ -121,16 +121,6 @@ __device__ __forceinline__ uint4 load_stream(const uint8_t* ptr) {
   return v;
 }
 
-// Two e4m3 values (low byte first) → two fp16, exactly.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
-__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
 template <int N>
 __device__ __forceinline__ void convert_tiles(const DecodeKernelParams& p, uint8_t* smem, int seq, int k_begin,
                                               int k_end, int ntiles) {
@@ -175,15 +165,9 @@ __device__ __forceinline__ void convert_tiles(const DecodeKernelParams& p, uint8
   auto store = [&](const uint4(&f)[kLoads], const bool(&ok)[2], int st) {
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
-      uint4 lo, hi;
-      lo.x = e4m3x2_to_f16x2(f[j].x & 0xffffu);
-      lo.y = e4m3x2_to_f16x2(f[j].x >> 16);
-      lo.z = e4m3x2_to_f16x2(f[j].y & 0xffffu);
-      lo.w = e4m3x2_to_f16x2(f[j].y >> 16);
-      hi.x = e4m3x2_to_f16x2(f[j].z & 0xffffu);
-      hi.y = e4m3x2_to_f16x2(f[j].z >> 16);
-      hi.z = e4m3x2_to_f16x2(f[j].w & 0xffffu);
-      hi.w = e4m3x2_to_f16x2(f[j].w >> 16);
+      const uint2 x = e4m3x4_to_f16x4(f[j].x), y = e4m3x4_to_f16x4(f[j].y);
+      const uint2 z = e4m3x4_to_f16x4(f[j].z), w = e4m3x4_to_f16x4(f[j].w);
+      const uint4 lo = make_uint4(x.x, x.y, y.x, y.y), hi = make_uint4(z.x, z.y, w.x, w.y);
       const uint32_t off = uint32_t(st * kTileBytes + (j >> 1) * kBlockBytes + (j & 1) * 1024);
       asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st0 + off), "r"(lo.x), "r"(lo.y), "r"(lo.z),
                    "r"(lo.w)
@@ -290,16 +274,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       qv[c] = valid ? *reinterpret_cast<const uint4*>(src + 8 * (sub + kPerRow * c)) : make_uint4(0, 0, 0, 0);
       const uint32_t w[4] = {qv[c].x, qv[c].y, qv[c].z, qv[c].w};
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
-        mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(w[k] << 16)), fabsf(__uint_as_float(w[k] & 0xffff0000u))));
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = bf16x2_to_float2(w[k]);
+        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
     }
 #pragma unroll
     for (int sh = 1; sh < kPerRow; sh <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
-    int e = 0;
-    if (mx > 0.0f && mx <= 3.0e38f) {  // max · 2^e in [2^14, 2^15); 0, inf and NaN rows keep e = 0
-      (void)frexpf(mx, &e);
-      e = min(max(15 - e, -120), 120);
-    }
+    const int e = f16_row_exponent(mx);
     const float up = ldexpf(1.0f, e);
     if (sub == 0) reinterpret_cast<float*>(smem + L::qs)[r] = ldexpf(1.0f, -e);
 #pragma unroll
@@ -309,8 +291,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       uint4 h;
       uint32_t* hv = &h.x;
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
-        hv[k] = pack_f16(__uint_as_float(w[k] << 16) * up, __uint_as_float(w[k] & 0xffff0000u) * up);
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = bf16x2_to_float2(w[k]);
+        hv[k] = pack_f16(f.x * up, f.y * up);
+      }
       *reinterpret_cast<uint4*>(q_s + (ch >> 3) * (N * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) = h;
     }
   }

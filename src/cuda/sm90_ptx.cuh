@@ -57,6 +57,25 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Two floats → f16x2 (round to nearest; lo in the low half).
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// Two bf16 (low half first) → two floats, exactly.
+__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+// Four e4m3 values (low byte first) → four f16 (two words, low pair first), exactly, one instruction per two.
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t four) {
+  uint2 r;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.rn.f16x2.e4m3x2 %0, lo;\ncvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
+      : "=r"(r.x), "=r"(r.y)
+      : "r"(four));
+  return r;
+}
+
 __device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
   return m_from == -INFINITY ? 1.0f : fast_exp2(m_from - m_to);
 }

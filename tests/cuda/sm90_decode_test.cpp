@@ -7,12 +7,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_test_util.h"
+#include "cuda/f16_scaling.h"
 #include "cuda/sm90_fp8_ring_layout.h"
 
 namespace mladcp::test {
@@ -200,6 +203,39 @@ TEST(Sm90Fp8Ring, InPlaceExpansionReadsEveryByteBeforeItIsOverwritten) {
     }
     EXPECT_TRUE(r::convert_sync_after(end - 1)) << "the half's last block must be released";
   }
+}
+
+// The power of two that scales a query row into f16 on both Hopper kernels (fp8 caches): the row maximum lands in
+// [2^14, 2^15) wherever 2^e stays a normal float, never past f16's largest value, and 2^e, 2^-e are normal.
+TEST(Sm90Fp8Ring, QueryRowExponentKeepsEveryRowInF16) {
+  std::vector<float> maxima = {1.0f,
+                               0.75f,
+                               3.0f,
+                               1e-3f,
+                               65504.0f,
+                               1e10f,
+                               3.0e38f,
+                               3.3895e38f,
+                               std::numeric_limits<float>::max(),
+                               std::ldexp(1.0f, 125),
+                               std::ldexp(1.0f, -100),
+                               std::ldexp(1.0f, -111),
+                               std::ldexp(1.0f, -112),
+                               std::numeric_limits<float>::min(),
+                               std::numeric_limits<float>::denorm_min()};
+  for (int k = -140; k <= 127; k += 3) maxima.push_back(std::ldexp(1.37f, k));
+  for (const float mx : maxima) {
+    const int e = cuda_impl::f16_row_exponent(mx);
+    EXPECT_TRUE(std::isnormal(std::ldexp(1.0f, e)) && std::isnormal(std::ldexp(1.0f, -e))) << mx << " e " << e;
+    const double scaled = double(mx) * std::ldexp(1.0, e);
+    EXPECT_LE(scaled, 65504.0) << mx << " e " << e;  // f16's largest value
+    if (mx >= std::ldexp(1.0f, -111)) {
+      EXPECT_GE(scaled, 16384.0) << mx << " e " << e;
+      EXPECT_LT(scaled, 32768.0) << mx << " e " << e;
+    }
+  }
+  for (const float mx : {0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+    EXPECT_EQ(cuda_impl::f16_row_exponent(mx), 0) << mx;
 }
 
 // fp8-e4m3 caches with more than 32 query rows per sequence run the Hopper 64-row kernel (its producer converts
