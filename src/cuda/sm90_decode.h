@@ -5,7 +5,8 @@
 //    tensor copies (TMA; fp8-e4m3 caches converted to bf16 in the ring) and two consumer warpgroups on wgmma
 //    (sm90_decode_kernel.cu, sm90_decode_ring.cuh);
 //  - fp8-e4m3 caches with at most 32 query rows per sequence: 16 or 32 query rows per CTA, any page size, a
-//    converter warpgroup and a warpgroup multiplying keys × rows (sm90_fp8_decode_kernel.cu).
+//    copying warp (bulk copies of the fp8 key rows into a five-tile ring) and a warpgroup converting its operand
+//    fragments in registers and multiplying keys × rows (sm90_fp8_decode_kernel.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,7 +32,7 @@ cudaError_t set_sm90_decode_smem();
 // `stream`; the caller launches the combine kernel when p.max_splits > 1.
 cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, cudaStream_t stream);
 
-// fp8 kernel: dynamic shared memory for 16 or 32 rows per CTA (bytes; about 92 and 113 KiB).
+// fp8 kernel: dynamic shared memory for 16 or 32 rows per CTA (bytes; about 206 and 226 KiB).
 size_t sm90_fp8_decode_smem_bytes(int rows_per_cta);
 
 // Raises the fp8 kernel's dynamic shared-memory limit (both row counts) on the current device.

@@ -65,27 +65,6 @@ static_assert(Smem::kv % 1024 == 0 && Smem::pb % 1024 == 0 && Smem::full % 8 == 
 
 // ---- PTX wrappers (the shared ones: sm90_ptx.cuh) ----
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Waits until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
 // One box of the paged cache (64 dims × rows keys of one page) into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int dim, int row,
                                             int block, uint64_t policy) {
@@ -215,8 +194,6 @@ __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p,
   return cuda_plan::balanced_cursor(part, p.parts, int(total), first_seq, int(first_pos), p.num_seqs, p.whole_short);
 }
 
-__device__ __forceinline__ uint32_t bar_addr(uint32_t base, int i) { return base + uint32_t(8 * i); }
-
 // ---- the producer: one thread ----
 
 // Block ids of the pages of tile t (one per copy: kCopies pages of 64 / kCopies keys), -1 where absent
@@ -275,8 +252,7 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
   uint64_t* const ok = reinterpret_cast<uint64_t*>(smem + Smem::ok);
   // Keys are evicted first from L2 (evict-normal when row chunks share keys measured 1-4% slower at
   // 128 heads: the chunks of a split run side by side and meet their keys in L2 anyway).
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  const uint64_t policy = evict_first_policy();
   // Copies of column blocks [c0, c1) of a tile (one stage half) into stage `st`.
   auto copy_blocks = [&](const TilePages<kCopies>& tp, int st, int c0, int c1) {
     const uint32_t stage = kv + uint32_t(st * kTileBytes);

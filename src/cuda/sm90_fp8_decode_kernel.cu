@@ -1,5 +1,5 @@
 // Hopper (sm_90a) decode kernel of the "cuda" backend for fp8-e4m3 caches: N = 16 or 32 query rows per CTA,
-// pages of any size, warp-specialized (a converter warpgroup and a tensor-core warpgroup).
+// pages of any size, a copying warp and a tensor-core warpgroup that converts the keys in its registers.
 //
 // Same contract, split plan, workspace and combine as the portable kernel (decode_kernel.cuh): one CTA = one
 // (sequence, chunk of N query rows, split of local keys); a single-split sequence writes out/lse directly,
@@ -8,42 +8,49 @@
 // The products are turned around against the 64-row kernel (sm90_decode_kernel.cu): the 64 keys of a tile are
 // the M dimension of every wgmma and the CTA's N query rows the N dimension, so few rows cost few tensor-core
 // cycles (m64nNk16 on N rows instead of m64n64k16 on 64 rows, most of them empty):
-//   Sᵀ [64 keys × N]   = K [64 × 576] · Qᵀ              36 × wgmma.m64nNk16, K and Q K-major in shared memory
-//   Oᵀ [512 × N]      += Vᵀ [512 × 64] · Pᵀ [64 × N]     8 dim blocks × 4 key steps of wgmma.m64nNk16; V read
-//                                                        transposed from the key tile (keys are stored once and
-//                                                        serve as K and V), P from shared memory
-// Operands are fp16 (one conversion instruction per two keys' elements, against four for bf16): every e4m3
-// value is an fp16 value, so keys convert exactly; each query row is scaled by a power of two 2^e_n into
-// [2^14, 2^15) at its maximum before rounding to fp16 (exact for bf16 values down to 2^-24 of the row's maximum;
-// 2^-e_n goes into the row's score scale); P in [0, 1] rounds to fp16 (more precise than bf16). kv_scale is
-// folded into the score and output scales.
+//   Sᵀ [64 keys × N]   = K [64 × 576] · Qᵀ              36 × wgmma.m64nNk16, K from registers, Q from shared memory
+//   Oᵀ [512 × N]      += Vᵀ [512 × 64] · Pᵀ [64 × N]     8 dim blocks × 4 key steps, Vᵀ from registers, P from
+//                                                        shared memory
+// The ring holds the cache's fp8 bytes only (no f16 copy of a tile), so five tiles fit: up to 180 KiB of keys in
+// flight per SM. The tensor-core threads read their operand fragments of K and Vᵀ from it (16-byte reads,
+// conflict-free) and convert them to f16 in registers (exact: every e4m3 value is an f16 value, one instruction per
+// two). Each query row is scaled by a power of two 2^e_n into [2^14, 2^15) at its maximum before rounding to f16
+// (f16_scaling.h; 2^-e_n goes into the row's score scale); P in [0, 1] rounds to f16. kv_scale is folded into the
+// score and output scales.
 //
-// Threads: two warpgroups (256), one CTA per SM.
-//   warpgroup 1, the converter: loads the fp8 keys of the next two tiles into registers (plain loads through the
-//     block table, so any page size), and converts each tile into the ring stage (t % 2) once the tensor-core
-//     warpgroup has released it. Absent keys (past the split, on an invalid block id) are written as zeros and
-//     flagged in `ok`.
-//   warpgroup 0, the tensor cores: query rows (once), then per tile: scores, mask, column maxima of its 4 warps
-//     (named barrier), P → shared memory (named barrier), P·V, release of the stage.
-// Ring: named barriers kBarFull + s (converter arrives, tensor cores wait) and kBarEmpty + s (the reverse).
+// Fragment maps (thread = warp w of the warpgroup, lane = 4g + q):
+//   K (M = keys, K = dims): the thread's rows g and g + 8 are keys 16w + σ(g) and + 8 (σ = 0 4 1 5 2 6 3 7), and a
+//     16-byte read at dims 64c + 16q of each key gives k-steps 4c .. 4c + 3: in k-step 4c + j, fragment columns
+//     2q, 2q + 1, 2q + 8, 2q + 9 are dims 64c + 16q + 4j + 0, 1, 2, 3. The query rows are stored with the same
+//     permutation of each k-step's 16 columns (fragment position ↔ dim), so the products are unchanged.
+//   Vᵀ (M = dims, K = keys): in key step s the thread's columns 2q, 2q + 1, 2q + 8, 2q + 9 are keys 16s + 2q, + 1,
+//     + 8, + 9 (the natural order), and its rows g, g + 8 of dim block b are dims 16(8w + g) + b and + 8 + b: one
+//     16-byte read per key (dims 16(8w + g) .. + 15) serves all 8 dim blocks; byte permutes pair two keys' bytes.
+//   Keys are 592 bytes apart in the ring (576 + 16): with σ, every quarter warp's 16-byte reads hit 8 different
+//   4-bank groups, for K and for V.
 //
-// Shared memory (128-byte-swizzled tiles, 1024-byte aligned):
-//   kv  [2 stages][9 column blocks][64 keys][128 B]  key tiles (fp16); at the end the normalized Oᵀ, transposed
-//   q   [9][N rows][128 B]                 the CTA's query rows, scaled, fp16 (zero past the sequence's rows)
-//   p   [N rows][128 B]                    P (fp16), 64 keys per row
-//   red [4 warps][N] fp32                  per-warp column maxima, then row sums
-//   qs  [N] fp32                           2^-e_n of each query row
-//   ok  [2 stages][64] u8                  key present
-// Loads: converter warp w loads keys [16w, 16w + 16) of a tile, 576 bytes each, as 18 loads of 16 bytes per lane:
-// load j = 2m + h takes column block m (64 bytes of fp8) of keys 16w + 8h + lane / 4, 4 lanes per key, so a thread
-// reads two keys of a tile (one block-table lookup each, issued two tiles ahead). Every load is 32-byte-sector
-// efficient, and the 16-byte fp16 stores of each quarter warp (two keys of different parity) hit the 8 bank groups
-// once each: 4 wavefronts per store, the minimum.
+// Threads: 160, one CTA per SM.
+//   warp 4, the copier: per tile, the block ids of its 64 keys (two per lane), then one bulk copy of 576 bytes per
+//     present key into the tile's stage, completing on the stage's `full` mbarrier; the present keys as 64 bits in
+//     `ok`. Absent keys (past the split, on an invalid block id) are not copied: their scores are masked and their
+//     V fragments zeroed, so no stale byte reaches the results.
+//   warps 0-3, the tensor cores: query rows (once), then per tile: K fragments and Sᵀ, mask, column maxima of the 4
+//     warps (named barrier), P → shared memory (named barrier), Vᵀ fragments and P·V, release of the stage (every
+//     thread arrives on its `empty` mbarrier). The P·V of tile t and the scores of tile t + 1 are issued together,
+//     so tile t + 1's K fragments are read and converted while the products run.
+//
+// Shared memory:
+//   kv    [5 stages][64 keys][592 B]          fp8 key rows (576 B each); at the end the normalized Oᵀ, transposed
+//   q     [9][N rows][128 B]                  the CTA's query rows, scaled, f16, columns permuted (128-byte swizzle)
+//   p     [N rows][128 B]                     P (f16), 64 keys per row (128-byte swizzle)
+//   red   [4 warps][N] fp32                   per-warp column maxima, then row sums
+//   qs    [N] fp32                            2^-e_n of each query row
+//   ok    [5] u64                             present keys of each stage
+//   full, empty [5] u64                       the ring's mbarriers
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "core/lse_math.h"
 #include "cuda/decode_kernel.cuh"
@@ -56,176 +63,119 @@ namespace {
 
 using namespace sm90;
 
-constexpr int kTile = 64;                     // keys per tile
-constexpr int kThreads = 256;                 // the tensor-core and the converter warpgroups
-constexpr int kBlockBytes = kSm90BlockBytes;  // [64 keys][128 B]: 64 dims of a tile
-constexpr int kTileBytes = 9 * kBlockBytes;   // 73728
-constexpr int kLoads = 18;                    // 16-byte fp8 loads per converter thread and tile
-constexpr int kOutStride = kLatentDim + 4;    // floats per row of the transposed output (conflict-free stores)
-// Named barriers (0 is __syncthreads): the tensor-core warpgroup among itself; the ring.
-constexpr int kBarMma = 1, kBarFull = 2 /* + stage */, kBarEmpty = 4 /* + stage */;
-// Bulk L2 prefetches of the keys two tiles ahead of the loads (0: none, for comparisons).
-#ifndef MLADCP_FP8_L2_PREFETCH
-#define MLADCP_FP8_L2_PREFETCH 1
-#endif
+constexpr int kTile = 64;                         // keys per tile
+constexpr int kStages = 5;                        // tiles in the ring
+constexpr int kMma = 128;                         // the tensor-core warpgroup
+constexpr int kThreads = kMma + 32;               // + the copying warp
+constexpr int kKeyStride = kF8RowBytes + 16;      // 592: bytes per key row in the ring
+constexpr int kStageBytes = kTile * kKeyStride;   // 37888
+constexpr int kOutStride = kLatentDim + 4;        // floats per row of the transposed output (conflict-free stores)
+constexpr int kBarMma = 1;                        // named barrier of the tensor-core warpgroup (0 is __syncthreads)
 
 template <int N>
 struct F8Smem {
   static constexpr int kv = 0;
-  static constexpr int q = kv + 2 * kTileBytes;
+  static constexpr int q = kv + kStages * kStageBytes;
   static constexpr int p = q + 9 * N * 128;
   static constexpr int red = p + N * 128;
   static constexpr int qs = red + 4 * N * 4;
   static constexpr int ok = qs + N * 4;
-  static constexpr int total = ok + 2 * kTile;
-  static_assert(q % 1024 == 0 && p % 1024 == 0, "alignment of the swizzled tiles");
-  static_assert(N * kOutStride * 4 <= 2 * kTileBytes, "the transposed output fits the ring");
+  static constexpr int full = ok + kStages * 8;
+  static constexpr int empty = full + kStages * 8;
+  static constexpr int total = empty + kStages * 8;
+  static_assert(q % 1024 == 0 && p % 1024 == 0 && ok % 8 == 0, "alignment of the swizzled tiles and the barriers");
+  static_assert(N * kOutStride * 4 <= kStages * kStageBytes, "the transposed output fits the ring");
 };
 static_assert(F8Smem<32>::total <= 227 * 1024, "shared memory of one Hopper CTA");
 
-// wgmma.m64nNk16 (fp16 in, fp32 accumulate), both operands from shared memory; kTransA = 1 reads A
-// M-major (Vᵀ from the key tile).
-template <int kTransA>
-__device__ __forceinline__ void wgmma_n16(float (&d)[8], uint64_t a, uint64_t b, int accumulate) {
+// Register buffers of K and Vᵀ fragments in flight (each feeds a group of two wgmmas; a group's buffer is
+// rewritten once the group kBufs later may start). 18 groups of K and 16 of V per tile: the buffer of each group
+// is a compile-time constant. 32 rows keep two each (registers).
+template <int N>
+constexpr int kKBufs = N == 16 ? 3 : 2;
+template <int N>
+constexpr int kVBufs = N == 16 ? 4 : 2;
+
+// wgmma.m64nNk16 (f16 in, fp32 accumulate), A (64 × 16) from registers, B (16 × N, K-major) from shared memory.
+__device__ __forceinline__ void wgmma_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t b, int accumulate) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, "
+      "0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
-template <int kTransA>
-__device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+__device__ __forceinline__ void wgmma_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b, int accumulate) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA));
-}
-template <int kTransA, int A>
-__device__ __forceinline__ void wgmma_n(float (&d)[A], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (A == 8)
-    wgmma_n16<kTransA>(d, a, b, accumulate);
-  else
-    wgmma_n32<kTransA>(d, a, b, accumulate);
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
-// 16 bytes of the cache, not kept in L1 (each byte is read once per CTA), with the L2 256-byte prefetch hint
-// (0.5-1.4% faster than without; L1-allocating loads were slower: run 12 of docs/perf/gpu-sm90-fp8-2026-12-01.md).
-__device__ __forceinline__ uint4 load_stream(const uint8_t* ptr) {
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr));
+  asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
 
+// Key of fragment row g (0-7) of a warp's 16 rows: σ(g) = 0 4 1 5 2 6 3 7 (conflict-free 16-byte reads).
+__device__ __forceinline__ int key_of_row(int g) { return (g >> 1) | ((g & 1) << 2); }
+
+// The copying warp: every tile of the CTA's split into the ring, one bulk copy per present key (two per lane).
 template <int N>
-__device__ __forceinline__ void convert_tiles(const DecodeKernelParams& p, uint8_t* smem, int seq, int k_begin,
-                                              int k_end, int ntiles) {
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int kk = lane >> 2, part = lane & 3;  // keys 16w + kk and + 8; 16-byte part of each 64-byte column block
-  uint8_t* const ok_s = smem + F8Smem<N>::ok;
+__device__ __forceinline__ void copy_tiles(const DecodeKernelParams& p, uint8_t* smem, int seq, int k_begin, int k_end,
+                                           int ntiles) {
+  using L = F8Smem<N>;
+  const int lane = threadIdx.x & 31;
+  const uint32_t kv = smem_addr(smem + L::kv), full = smem_addr(smem + L::full), empty = smem_addr(smem + L::empty);
+  uint64_t* const ok = reinterpret_cast<uint64_t*>(smem + L::ok);
   const int32_t* const bt_row = p.block_table + int64_t(seq) * p.block_table_stride;
-  // Block ids of the thread's two keys of tile t (-1: absent), read two tiles before their loads.
-  struct Pages {
-    int32_t b[2];
+  const uint64_t policy = evict_first_policy();
+  // Block id of key 32h + lane of tile t (-1: past the split or the table), read a tile ahead of its copy.
+  auto block_id = [&](int t, int h) -> int32_t {
+    const int k = k_begin + t * kTile + 32 * h + lane;
+    if (t >= ntiles || k >= k_end) return -1;
+    const int page = p.block_shift >= 0 ? k >> p.block_shift : k / p.block_size;
+    return page < p.max_blocks_per_seq ? __ldg(bt_row + page) : -1;
   };
-  auto lookup = [&](int t) {
-    Pages pg;
+  int32_t next[2] = {block_id(0, 0), block_id(0, 1)};
+  int st = 0;
+  uint32_t phase = 0;
+  for (int t = 0; t < ntiles; ++t) {
+    const int32_t cur[2] = {next[0], next[1]};
+    next[0] = block_id(t + 1, 0);
+    next[1] = block_id(t + 1, 1);
+    if (t >= kStages) mbar_wait(bar_addr(empty, st), phase ^ 1);  // the tensor cores are done with tile t − 5
+    bool present[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int k = k_begin + t * kTile + 16 * warp + 8 * h + kk;
-      const int page = p.block_shift >= 0 ? k >> p.block_shift : k / p.block_size;
-      pg.b[h] = t < ntiles && k < k_end && page < p.max_blocks_per_seq ? __ldg(bt_row + page) : -1;
+    for (int h = 0; h < 2; ++h) present[h] = cur[h] >= 0 && cur[h] < p.num_blocks;
+    const uint64_t bits =
+        uint64_t(__ballot_sync(0xffffffffu, present[0])) | (uint64_t(__ballot_sync(0xffffffffu, present[1])) << 32);
+    const uint32_t bar = bar_addr(full, st);
+    if (lane == 0) {
+      ok[st] = bits;
+      mbar_arrive_expect_tx(bar, uint32_t(__popcll(bits)) * kF8RowBytes);
     }
-    return pg;
-  };
-  // Loads of tile t into f (zeros for absent keys); ok: the two keys present.
-  auto load = [&](uint4(&f)[kLoads], bool(&ok)[2], const Pages& pg, int t) {
-    const uint8_t* base[2];
+    __syncwarp();
+    const uint32_t stage = kv + uint32_t(st * kStageBytes);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int k = k_begin + t * kTile + 16 * warp + 8 * h + kk;
-      const int32_t b = pg.b[h];
-      ok[h] = b >= 0 && b < p.num_blocks;
+      if (!present[h]) continue;
+      const int k = k_begin + t * kTile + 32 * h + lane;
       const int row = p.block_shift >= 0 ? k & (p.block_size - 1) : k % p.block_size;
-      base[h] = p.kv + (ok[h] ? int64_t(b) * p.kv_stride_block + int64_t(row) * p.kv_stride_token : 0) + 16 * part;
+      const uint8_t* const src = p.kv + int64_t(cur[h]) * p.kv_stride_block + int64_t(row) * p.kv_stride_token;
+      bulk_copy(stage + uint32_t((32 * h + lane) * kKeyStride), src, kF8RowBytes, bar, policy);
     }
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j)
-      f[j] = ok[j & 1] ? load_stream(base[j & 1] + 64 * (j >> 1)) : make_uint4(0, 0, 0, 0);
-  };
-  // Store addresses: chunks 2·part and 2·part + 1 of key row 16w + kk (+ 8 for h = 1) of column block m, swizzled
-  // (chunk ^ kk) · 16; the column block (8192 m), the key half (1024 h) and the stage are constants of the store.
-  const uint32_t row_base = smem_addr(smem + F8Smem<N>::kv) + (16 * warp + kk) * 128;
-  const uint32_t st0 = row_base + (((2 * part) ^ kk) << 4), st1 = row_base + (((2 * part + 1) ^ kk) << 4);
-  // The loaded tile → fp16 in ring stage `st`, its present keys → ok.
-  auto store = [&](const uint4(&f)[kLoads], const bool(&ok)[2], int st) {
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const uint2 x = e4m3x4_to_f16x4(f[j].x), y = e4m3x4_to_f16x4(f[j].y);
-      const uint2 z = e4m3x4_to_f16x4(f[j].z), w = e4m3x4_to_f16x4(f[j].w);
-      const uint4 lo = make_uint4(x.x, x.y, y.x, y.y), hi = make_uint4(z.x, z.y, w.x, w.y);
-      const uint32_t off = uint32_t(st * kTileBytes + (j >> 1) * kBlockBytes + (j & 1) * 1024);
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st0 + off), "r"(lo.x), "r"(lo.y), "r"(lo.z),
-                   "r"(lo.w)
-                   : "memory");
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(st1 + off), "r"(hi.x), "r"(hi.y), "r"(hi.z),
-                   "r"(hi.w)
-                   : "memory");
+    if (++st == kStages) {
+      st = 0;
+      phase ^= 1;
     }
-    if (part == 0) {
-      ok_s[st * kTile + 16 * warp + kk] = ok[0];
-      ok_s[st * kTile + 16 * warp + 8 + kk] = ok[1];
-    }
-  };
-  // The thread's two keys of tile t into L2 (bulk prefetches of 576 bytes, by one lane of the four per key).
-  auto prefetch = [&](const Pages& pg, int t) {
-    if (!MLADCP_FP8_L2_PREFETCH || part != 0) return;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int k = k_begin + t * kTile + 16 * warp + 8 * h + kk;
-      const int32_t b = pg.b[h];
-      if (b < 0 || b >= p.num_blocks) continue;
-      const int row = p.block_shift >= 0 ? k & (p.block_size - 1) : k % p.block_size;
-      const uint8_t* const a = p.kv + int64_t(b) * p.kv_stride_block + int64_t(row) * p.kv_stride_token;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(a), "n"(kF8RowBytes) : "memory");
-    }
-  };
-  // Two tiles of loads in flight: tile t in f[t % 2], into stage t % 2 once the tensor cores released tile t − 2;
-  // meanwhile tiles t + 2 and t + 3 are prefetched into L2 and the block ids of t + 4 and t + 5 are read.
-  // At the top of iteration t: ids[0..3] = block ids of tiles t + 2 .. t + 5.
-  uint4 f0[kLoads], f1[kLoads];
-  bool ok0[2], ok1[2];
-  {
-    const Pages pg0 = lookup(0), pg1 = lookup(1);
-    if (ntiles > 0) load(f0, ok0, pg0, 0);
-    if (ntiles > 1) load(f1, ok1, pg1, 1);
-  }
-  Pages ids[4] = {lookup(2), lookup(3), lookup(4), lookup(5)};
-  prefetch(ids[0], 2);
-  prefetch(ids[1], 3);
-  // Tile t from f into stage st; then the loads of tile t + 2 into f, the L2 prefetch of tile t + 4 (block ids
-  // `later`) and the block ids of tile t + 6 (into `next`, which held those of t + 2).
-  auto step = [&](uint4(&f)[kLoads], bool(&ok)[2], Pages& next, const Pages& later, int st, int t) {
-    if (t >= 2) named_bar_sync(kBarEmpty + st, kThreads);
-    store(f, ok, st);
-    fence_proxy_async();
-    named_bar_arrive(kBarFull + st, kThreads);
-    if (t + 2 < ntiles) load(f, ok, next, t + 2);
-    prefetch(later, t + 4);
-    next = lookup(t + 6);
-  };
-  for (int t = 0; t < ntiles; t += 2) {
-    step(f0, ok0, ids[0], ids[2], 0, t);
-    if (t + 1 < ntiles) step(f1, ok1, ids[1], ids[3], 1, t + 1);
-    const Pages a = ids[0], b = ids[1];
-    ids[0] = ids[2];
-    ids[1] = ids[3];
-    ids[2] = a;
-    ids[3] = b;
   }
 }
 
@@ -234,14 +184,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   using L = F8Smem<N>;
   constexpr int kAcc = N / 2;   // accumulator floats per thread of an m64nN product
   constexpr int kCols = N / 4;  // query rows of a thread: n = 8·(i / 2) + 2·(lane % 4) + i % 2
-  constexpr int kMma = 128;     // threads of the tensor-core warpgroup
+  constexpr int KB = kKBufs<N>, VB = kVBufs<N>;
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* const kv_s = smem + L::kv;
   uint8_t* const q_s = smem + L::q;
   uint8_t* const p_s = smem + L::p;
   float* const red = reinterpret_cast<float*>(smem + L::red);
-  const uint8_t* const ok_s = smem + L::ok;
+  const uint64_t* const ok_s = reinterpret_cast<const uint64_t*>(smem + L::ok);
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, qd = lane & 3;  // fragment row group and column pair of the thread
 
   SplitWork work;
   if (!split_work(p, work)) return;
@@ -249,13 +200,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   const int k_begin = work.k_begin, k_end = work.k_end;
   const int ntiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
   const int row0 = work.rc * N;
+  const uint32_t full = smem_addr(smem + L::full), empty = smem_addr(smem + L::empty);
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(bar_addr(full, i), 1);
+      mbar_init(bar_addr(empty, i), kMma);  // every tensor-core thread arrives
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
 
   if (tid >= kMma) {
-    convert_tiles<N>(p, smem, seq, k_begin, k_end, ntiles);
+    copy_tiles<N>(p, smem, seq, k_begin, k_end, ntiles);
     return;
   }
 
-  // ---- query rows → q: fp16, row n scaled by 2^e_n (rows past the sequence's R rows are zero) ----
+  // ---- query rows → q: f16, row n scaled by 2^e_n (rows past the sequence's R rows are zero), each k-step's 16
+  // columns in the K fragments' order: dims 4u .. 4u + 3 of column block c (u = 4·qq + j) at positions
+  // 16j + 2qq, + 1, + 8, + 9 ----
   {
     constexpr int kPerRow = kMma / N;              // threads per row: 8 or 4, neighbouring lanes
     constexpr int kChunks = kRowChunks / kPerRow;  // 16-byte chunks (8 values) per thread: 9 or 18
@@ -272,10 +234,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       qv[c] = valid ? *reinterpret_cast<const uint4*>(src + 8 * (sub + kPerRow * c)) : make_uint4(0, 0, 0, 0);
-      const uint32_t w[4] = {qv[c].x, qv[c].y, qv[c].z, qv[c].w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const float2 f = bf16x2_to_float2(w[k]);
+        const float2 f = bf16x2_to_float2(word(qv[c], k));
         mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
       }
     }
@@ -286,16 +247,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
     if (sub == 0) reinterpret_cast<float*>(smem + L::qs)[r] = ldexpf(1.0f, -e);
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
-      const int ch = sub + kPerRow * c;
-      const uint32_t w[4] = {qv[c].x, qv[c].y, qv[c].z, qv[c].w};
-      uint4 h;
-      uint32_t* hv = &h.x;
+      const int ch = sub + kPerRow * c;  // dims 8·ch .. + 7
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const float2 f = bf16x2_to_float2(w[k]);
-        hv[k] = pack_f16(f.x * up, f.y * up);
+        const float2 f = bf16x2_to_float2(word(qv[c], k));
+        const int u = 2 * (ch & 7) + (k >> 1);        // dims 4u .. 4u + 3 of column block ch / 8
+        const int pos = 16 * (u & 3) + 2 * (u >> 2) + 8 * (k & 1);
+        *reinterpret_cast<uint32_t*>(q_s + (ch >> 3) * (N * 128) + r * 128 + (((pos >> 3) ^ (r & 7)) << 4) +
+                                     (pos & 7) * 2) = pack_f16(f.x * up, f.y * up);
       }
-      *reinterpret_cast<uint4*>(q_s + (ch >> 3) * (N * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) = h;
     }
   }
   fence_proxy_async();
@@ -306,45 +266,100 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   float m[kCols], l[kCols], row_scale[kCols];  // row_scale: score_scale_log2 · 2^-e_n
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
-    const int n = 8 * (i / 2) + 2 * (lane & 3) + (i & 1);
+    const int n = 8 * (i / 2) + 2 * qd + (i & 1);
     const int grow = row0 + n;
     nvis[i] = grow < p.rows_per_seq ? int(sharding::visible_local_keys(len, p.q_len, grow / p.num_heads, p.shard)) : 0;
     row_scale[i] = p.score_scale_log2 * reinterpret_cast<const float*>(smem + L::qs)[n];
     m[i] = -INFINITY;
     l[i] = 0.0f;
   }
-  const int key_a = 16 * warp + (lane >> 2);  // this thread's score rows: key_a and key_a + 8 of each tile
+  const int key_a = 16 * warp + key_of_row(g);  // this thread's score rows: keys key_a and key_a + 8 of each tile
 
   const uint32_t kv_addr = smem_addr(kv_s);
-  const uint32_t k_lo = kmajor_lo(kv_addr), v_lo = nmajor_lo(kv_addr);
   const uint32_t q_lo = kmajor_lo(smem_addr(q_s)), p_lo = kmajor_lo(smem_addr(p_s));
-  constexpr uint32_t kStage = kTileBytes >> 4;  // one stage in descriptor units
+  // Fragment reads: K rows key_a, key_a + 8 at dims 16·qd (+ 64 per column block); V keys 2·qd (+ 1, 8, 9, and 16
+  // per key step) at dims 16·(8·warp + g).
+  const uint32_t k_off = uint32_t(key_a * kKeyStride + 16 * qd);
+  const uint32_t v_off = uint32_t(2 * qd * kKeyStride + 16 * (8 * warp + g));
 
   // Accumulators are first written by the tensor cores (the first products overwrite them).
-  float o[8][kAcc];  // dim block b: dims 64b + key_a (+ 8), query rows n(i)
+  float o[8][kAcc];  // dim block b: dims 16·(8·warp + g) + b (+ 8), query rows n(i)
   float s[kAcc];     // scores: keys key_a (+ 8), query rows n(i)
+  uint32_t kf[KB][2][4], vf[VB][2][4];  // fragment buffers: two wgmmas' A operands each
 
-  // Tile t from stage st (a compile-time constant, so that the operand descriptors stay uniform).
-  auto tile = [&](int t, auto stage) {
-    constexpr int st = decltype(stage)::value;
-    named_bar_sync(kBarFull + st, kThreads);  // tile t is in stage st
-
-    // Sᵀ = K·Qᵀ over 576 dims (independent accumulators for interleaved k-steps measured no faster: runs 3, 5).
-    wgmma_fence();
-    fence_regs(s);
+  // Sᵀ = K·Qᵀ of the tile in `stage`, issued: column block c's two 16-byte reads (keys key_a, key_a + 8) give 4
+  // k-steps, two per group. Earlier groups (P·V of the previous tile) may still run.
+  auto issue_scores = [&](uint32_t stage) {
+    uint4 kr[2][2];
+    kr[0][0] = lds128(stage + k_off);
+    kr[0][1] = lds128(stage + k_off + 8 * kKeyStride);
 #pragma unroll
-    for (int c = 0; c < 9; ++c)
+    for (int c = 0; c < 9; ++c) {
+      if (c + 1 < 9) {
+        kr[(c + 1) & 1][0] = lds128(stage + k_off + 64 * (c + 1));
+        kr[(c + 1) & 1][1] = lds128(stage + k_off + 8 * kKeyStride + 64 * (c + 1));
+      }
 #pragma unroll
-      for (int k4 = 0; k4 < 4; ++k4)
-        wgmma_n<0>(s, desc(k_lo + st * kStage + uint32_t((c * kBlockBytes + k4 * 32) >> 4)),
-                   desc(q_lo + uint32_t((c * N * 128 + k4 * 32) >> 4)), c > 0 || k4 > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(s);
+      for (int hh = 0; hh < 2; ++hh) {
+        const int grp = 2 * c + hh, b = grp % KB;
+        if (grp >= KB) wgmma_wait<KB - 1>();  // group grp − KB is done with buffer b
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const uint2 fa = e4m3x4_to_f16x4(word(kr[c & 1][0], 2 * hh + jj));
+          const uint2 fb = e4m3x4_to_f16x4(word(kr[c & 1][1], 2 * hh + jj));
+          kf[b][jj][0] = fa.x;
+          kf[b][jj][1] = fb.x;
+          kf[b][jj][2] = fa.y;
+          kf[b][jj][3] = fb.y;
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+          wgmma_rs(s, kf[b][jj], desc(q_lo + uint32_t((c * N * 128 + (2 * hh + jj) * 32) >> 4)), grp > 0 || jj > 0);
+        wgmma_commit();
+      }
+    }
+  };
 
-    // Absent keys and keys after a row's causal limit → -inf; column maxima of the warp's 16 keys.
+  // Oᵀ += Vᵀ·Pᵀ of the tile in `stage`, issued: per key step, four 16-byte reads (keys 2·qd, + 1, + 8, + 9; absent
+  // keys zeroed, so no stale byte of the ring reaches O) give the fragments of all 8 dim blocks, two per group.
+  auto issue_products = [&](uint32_t stage, uint64_t okb, bool first) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      uint4 vr[4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const int key = 16 * ks + 2 * qd + (kk & 1) + 8 * (kk >> 1);
+        const uint4 v = lds128(stage + v_off + uint32_t((16 * ks + (kk & 1) + 8 * (kk >> 1)) * kKeyStride));
+        vr[kk] = (okb >> key) & 1 ? v : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int bp = 0; bp < 4; ++bp) {
+        const int grp = 4 * ks + bp, b = grp % VB;
+        if (grp >= VB) wgmma_wait<VB - 1>();  // group grp − VB is done with buffer b
+        // Bytes 2·(bp % 2), + 1 of word bp / 2 (h = 0: dims + 0..7) or 2 + bp / 2 (h = 1: dims + 8..15) of two
+        // keys, paired: [x_j, y_j, x_j+1, y_j+1] → dim blocks 2·bp and 2·bp + 1.
+        const uint32_t sel = bp & 1 ? 0x7362u : 0x5140u;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // fragment register r: row half r % 2, key pair r / 2
+          const int wi = (r & 1) * 2 + (bp >> 1), x = 2 * (r >> 1);
+          const uint2 f = e4m3x4_to_f16x4(__byte_perm(word(vr[x], wi), word(vr[x + 1], wi), sel));
+          vf[b][0][r] = f.x;
+          vf[b][1][r] = f.y;
+        }
+        wgmma_fence();
+        const uint64_t pd = desc(p_lo + uint32_t((ks * 32) >> 4));
+        wgmma_rs(o[2 * bp], vf[b][0], pd, !first || ks > 0);
+        wgmma_rs(o[2 * bp + 1], vf[b][1], pd, !first || ks > 0);
+        wgmma_commit();
+      }
+    }
+  };
+
+  // Tile t's scores (complete) → mask, column maxima, P → shared memory, O rescaled (its products complete).
+  auto softmax = [&](int t, uint64_t okb) {
     const int kt = k_begin + t * kTile;
-    const bool pres_a = ok_s[st * kTile + key_a] != 0, pres_b = ok_s[st * kTile + key_a + 8] != 0;
+    const bool pres_a = (okb >> key_a) & 1, pres_b = (okb >> (key_a + 8)) & 1;
     float mx[kCols];
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
@@ -366,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
     bool moved = false;
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
-      const int j = i / 2, e = i & 1, n = 8 * j + 2 * (lane & 3) + e;
+      const int j = i / 2, e = i & 1, n = 8 * j + 2 * qd + e;
       const float tile_max = fmaxf(fmaxf(red[n], red[N + n]), fmaxf(red[2 * N + n], red[3 * N + n]));
       const float m_new = fmaxf(m[i], tile_max * row_scale[i]);
       alpha[i] = rescale_factor(m[i], m_new);
@@ -391,30 +406,40 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
         }
     }
     fence_proxy_async();
-    named_bar_sync(kBarMma, kMma);  // (C) P is in shared memory
-
-    // Oᵀ += Vᵀ·Pᵀ: dim block b = column block b of the tile, read M-major; 16 keys per step, the 8 dim
-    // blocks (independent accumulators) one after the other.
-    wgmma_fence();
-#pragma unroll
-    for (int b = 0; b < 8; ++b) fence_regs(o[b]);
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-      for (int b = 0; b < 8; ++b)
-        wgmma_n<1>(o[b], desc(v_lo + st * kStage + uint32_t((b * kBlockBytes + ks * 16 * 128) >> 4)),
-                   desc(p_lo + uint32_t((ks * 32) >> 4)), t > 0 || ks > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int b = 0; b < 8; ++b) fence_regs(o[b]);
-    // Stage st is free for tile t + 2 (P is written again only after the next (B), which every warp reaches
-    // after this wait).
-    if (t + 2 < ntiles) named_bar_arrive(kBarEmpty + st, kThreads);
+    named_bar_sync(kBarMma, kMma);  // (C) P is in shared memory; every warp is past its reads of red
   };
-  for (int t = 0; t < ntiles; t += 2) {
-    tile(t, std::integral_constant<int, 0>{});
-    if (t + 1 < ntiles) tile(t + 1, std::integral_constant<int, 1>{});
+
+  // Per iteration t: the products of tile t and the scores of tile t + 1 are issued together and both retired
+  // (no product is in flight across iterations, nor during a spinning wait), then tile t's stage is released and
+  // tile t + 1's softmax runs.
+  int st = 0;
+  uint32_t phase = 0;
+  uint64_t okb = 0;
+  if (ntiles > 0) {
+    mbar_wait(bar_addr(full, 0), 0);
+    okb = ok_s[0];
+    issue_scores(kv_addr);
+    wgmma_wait<0>();
+    fence_regs(s);
+    softmax(0, okb);
+  }
+  for (int t = 0; t < ntiles; ++t) {
+    const int st1 = st + 1 == kStages ? 0 : st + 1;
+    const uint32_t phase1 = st1 == 0 ? phase ^ 1 : phase;
+    const bool more = t + 1 < ntiles;
+    if (more) mbar_wait(bar_addr(full, st1), phase1);  // tile t + 1 is in stage st1
+    const uint64_t okb1 = more ? ok_s[st1] : 0;
+    issue_products(kv_addr + uint32_t(st * kStageBytes), okb, t == 0);
+    if (more) issue_scores(kv_addr + uint32_t(st1 * kStageBytes));
+    wgmma_wait<0>();
+    fence_regs(s);
+#pragma unroll
+    for (int b = 0; b < 8; ++b) fence_regs(o[b]);
+    mbar_arrive(bar_addr(empty, st));  // this thread's reads of tile t are done
+    if (more) softmax(t + 1, okb1);
+    st = st1;
+    phase = phase1;
+    okb = okb1;
   }
 
   // ---- row sums of the 64 keys of the 4 warps ----
@@ -422,27 +447,27 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   for (int i = 0; i < kCols; ++i)
 #pragma unroll
     for (int sh = 4; sh < 32; sh <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], sh);
-  named_bar_sync(kBarMma, kMma);  // every warp is past its last reads of red and its last product
+  named_bar_sync(kBarMma, kMma);  // every warp is past its last reads of red and of the ring
   if (lane < 4) {
 #pragma unroll
     for (int i = 0; i < kCols; ++i) red[warp * N + 8 * (i / 2) + 2 * lane + (i & 1)] = l[i];
   }
   named_bar_sync(kBarMma, kMma);
 
-  // ---- normalized Oᵀ → the ring as [N rows][kOutStride] fp32 (the converter is done with it); base-2 LSE
-  // per row → p ----
+  // ---- normalized Oᵀ → the ring as [N rows][kOutStride] fp32 (every copy has landed); base-2 LSE per row → p ----
   float* const ot = reinterpret_cast<float*>(kv_s);
   float* const row_lse = reinterpret_cast<float*>(p_s);
   const bool none = ntiles == 0;  // O was never written: the rows are 0
+  const int dim0 = 16 * (8 * warp + g);
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
-    const int j = i / 2, e = i & 1, n = 8 * j + 2 * (lane & 3) + e;
+    const int j = i / 2, e = i & 1, n = 8 * j + 2 * qd + e;
     const float sum = red[n] + red[N + n] + red[2 * N + n] + red[3 * N + n];
     const float inv = sum > 0.0f ? p.out_scale / sum : 0.0f;
 #pragma unroll
     for (int b = 0; b < 8; ++b) {
-      ot[n * kOutStride + 64 * b + key_a] = none ? 0.0f : o[b][4 * j + e] * inv;
-      ot[n * kOutStride + 64 * b + key_a + 8] = none ? 0.0f : o[b][4 * j + 2 + e] * inv;
+      ot[n * kOutStride + dim0 + b] = none ? 0.0f : o[b][4 * j + e] * inv;
+      ot[n * kOutStride + dim0 + 8 + b] = none ? 0.0f : o[b][4 * j + 2 + e] * inv;
     }
     if (warp == 0 && lane < 4) row_lse[n] = sum > 0.0f ? m[i] + log2f(sum) : -INFINITY;
   }

@@ -1,5 +1,6 @@
 // PTX wrappers shared by the Hopper (sm_90a) decode kernels: wgmma shared-memory descriptors of the
-// 128-byte-swizzled tiles, wgmma fences and waits, proxy fences, named barriers, the base-2 exponential.
+// 128-byte-swizzled tiles, wgmma fences and waits, proxy fences, named barriers, mbarriers, bulk copies, the
+// base-2 exponential.
 #pragma once
 
 #include <cmath>
@@ -74,6 +75,45 @@ __device__ __forceinline__ uint2 e4m3x4_to_f16x4(uint32_t four) {
       : "=r"(r.x), "=r"(r.y)
       : "r"(four));
   return r;
+}
+
+// mbarriers in shared memory (32-bit shared addresses); barrier i of an array of them.
+__device__ __forceinline__ uint32_t bar_addr(uint32_t base, int i) { return base + uint32_t(8 * i); }
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// `bytes` contiguous bytes of global memory (16-byte aligned, a multiple of 16) into shared memory, completing on
+// `bar` (bulk asynchronous copy, with an L2 cache policy).
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+// An L2 policy that evicts first (each cache byte is read once per CTA).
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
 }
 
 __device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
