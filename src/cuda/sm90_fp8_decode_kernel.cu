@@ -1,5 +1,5 @@
 // Hopper (sm_90a) decode kernel of the "cuda" backend for fp8-e4m3 caches: N = 16 or 32 query rows per CTA,
-// pages of any size, a copying warp and a tensor-core warpgroup that converts the keys in its registers.
+// pages of any size; a copying warp, and two warpgroups that convert their operand fragments in registers.
 //
 // Same contract, split plan, workspace and combine as the portable kernel (decode_kernel.cuh): one CTA = one
 // (sequence, chunk of N query rows, split of local keys); a single-split sequence writes out/lse directly,
@@ -11,42 +11,44 @@
 //   Sᵀ [64 keys × N]   = K [64 × 576] · Qᵀ              36 × wgmma.m64nNk16, K from registers, Q from shared memory
 //   Oᵀ [512 × N]      += Vᵀ [512 × 64] · Pᵀ [64 × N]     8 dim blocks × 4 key steps, Vᵀ from registers, P from
 //                                                        shared memory
-// The ring holds the cache's fp8 bytes only (no f16 copy of a tile), so five tiles fit: up to 180 KiB of keys in
-// flight per SM. The tensor-core threads read their operand fragments of K and Vᵀ from it (16-byte reads,
-// conflict-free) and convert them to f16 in registers (exact: every e4m3 value is an f16 value, one instruction per
-// two). Each query row is scaled by a power of two 2^e_n into [2^14, 2^15) at its maximum before rounding to f16
-// (f16_scaling.h; 2^-e_n goes into the row's score scale); P in [0, 1] rounds to f16. kv_scale is folded into the
-// score and output scales.
+// The ring holds the cache's fp8 rows only (no f16 copy of a tile), so five tiles fit: up to 180 KiB of keys in
+// flight per SM. Each warpgroup reads its operand fragments of K or Vᵀ from the ring (16-byte reads) and converts
+// them to f16 in registers (exact: every e4m3 value is an f16 value, one instruction per two). Each query row is
+// scaled by a power of two 2^e_n into [2^14, 2^15) at its maximum before rounding to f16 (f16_scaling.h; 2^-e_n
+// goes into the row's score scale); P in [0, 1] rounds to f16. kv_scale is folded into the score and output scales.
 //
-// Fragment maps (thread = warp w of the warpgroup, lane = 4g + q):
-//   K (M = keys, K = dims): the thread's rows g and g + 8 are keys 16w + σ(g) and + 8 (σ = 0 4 1 5 2 6 3 7), and a
-//     16-byte read at dims 64c + 16q of each key gives k-steps 4c .. 4c + 3: in k-step 4c + j, fragment columns
-//     2q, 2q + 1, 2q + 8, 2q + 9 are dims 64c + 16q + 4j + 0, 1, 2, 3. The query rows are stored with the same
-//     permutation of each k-step's 16 columns (fragment position ↔ dim), so the products are unchanged.
+// Fragment maps (thread = warp w of its warpgroup, lane = 4g + q):
+//   K (M = keys, K = dims): the thread's rows g and g + 8 are keys 16w + g and + 8, and a 16-byte read at dims
+//     64c + 16q of each key gives k-steps 4c .. 4c + 3: in k-step 4c + j, fragment columns 2q, 2q + 1, 2q + 8,
+//     2q + 9 are dims 64c + 16q + 4j + 0, 1, 2, 3. The query rows are stored with the same permutation of each
+//     k-step's 16 columns, so the products are unchanged. A quarter warp's reads hit 8 different 4-bank groups.
 //   Vᵀ (M = dims, K = keys): in key step s the thread's columns 2q, 2q + 1, 2q + 8, 2q + 9 are keys 16s + 2q, + 1,
-//     + 8, + 9 (the natural order), and its rows g, g + 8 of dim block b are dims 16(8w + g) + b and + 8 + b: one
-//     16-byte read per key (dims 16(8w + g) .. + 15) serves all 8 dim blocks; byte permutes pair two keys' bytes.
-//   Keys are 592 bytes apart in the ring (576 + 16): with σ, every quarter warp's 16-byte reads hit 8 different
-//   4-bank groups, for K and for V.
+//     + 8, + 9, and its rows g, g + 8 of dim block b are dims 16(8w + g) + b and + 8 + b: one 16-byte read per key
+//     (dims 16(8w + g) .. + 15) serves all 8 dim blocks; byte permutes pair two keys' bytes (two-way bank conflicts:
+//     keys are 576 bytes apart, as in a dense page, so that a page's run of keys is one copy).
 //
-// Threads: 160, one CTA per SM.
-//   warp 4, the copier: per tile, the block ids of its 64 keys (two per lane), then one bulk copy of 576 bytes per
-//     present key into the tile's stage, completing on the stage's `full` mbarrier; the present keys as 64 bits in
-//     `ok`. Absent keys (past the split, on an invalid block id) are not copied: their scores are masked and their
-//     V fragments zeroed, so no stale byte reaches the results.
-//   warps 0-3, the tensor cores: query rows (once), then per tile: K fragments and Sᵀ, mask, column maxima of the 4
-//     warps (named barrier), P → shared memory (named barrier), Vᵀ fragments and P·V, release of the stage (every
-//     thread arrives on its `empty` mbarrier). The P·V of tile t and the scores of tile t + 1 are issued together,
-//     so tile t + 1's K fragments are read and converted while the products run.
+// Threads: three warpgroups (384), one CTA per SM; `setmaxnreg` moves the copying warpgroup's registers to the
+// others.
+//   warpgroup 2, the copier (warp 8; warps 9-11 exit): per tile, the block ids of its 64 keys (two per lane), then
+//     one bulk copy per present run of keys of one page (per key where the cache's rows are not dense) into the
+//     tile's stage, completing on the stage's `full` mbarrier; absent keys (past the split, on an invalid block id)
+//     zero-filled; the present keys as 64 bits in `ok`.
+//   warpgroup 0, the scores: query rows (once), then per tile: K fragments and Sᵀ, release of the stage, mask,
+//     column maxima of its 4 warps (named barrier), P and O's rescale factors → buffer t % 2, handed over by a
+//     named barrier.
+//   warpgroup 1, the products: per tile, O rescaled, Vᵀ fragments and Oᵀ += Vᵀ·Pᵀ, P buffer and stage released.
+//   The scores of tile t + 1 run while the products of tile t do.
 //
 // Shared memory:
-//   kv    [5 stages][64 keys][592 B]          fp8 key rows (576 B each); at the end the normalized Oᵀ, transposed
-//   q     [9][N rows][128 B]                  the CTA's query rows, scaled, f16, columns permuted (128-byte swizzle)
-//   p     [N rows][128 B]                     P (f16), 64 keys per row (128-byte swizzle)
-//   red   [4 warps][N] fp32                   per-warp column maxima, then row sums
-//   qs    [N] fp32                            2^-e_n of each query row
-//   ok    [5] u64                             present keys of each stage
-//   full, empty [5] u64                       the ring's mbarriers
+//   kv     [5 stages][64 keys][576 B]      fp8 key rows; at the end the normalized Oᵀ, transposed
+//   q      [9][N rows][128 B]              the CTA's query rows, scaled, f16, columns permuted (128-byte swizzle)
+//   p      [2][N rows][128 B]              P (f16), 64 keys per row (128-byte swizzle)
+//   red    [2][4 warps][N] fp32            per-warp column maxima, then row sums
+//   alpha  [2][N] fp32                     O's rescale factors of the tile
+//   qs     [N] fp32                        2^-e_n of each query row
+//   sums   [2][N] fp32                     row sums and base-2 LSE
+//   ok     [5] u64                         present keys of each stage
+//   full, empty [5] u64                    the ring's mbarriers
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -63,23 +65,31 @@ namespace {
 
 using namespace sm90;
 
-constexpr int kTile = 64;                         // keys per tile
-constexpr int kStages = 5;                        // tiles in the ring
-constexpr int kMma = 128;                         // the tensor-core warpgroup
-constexpr int kThreads = kMma + 32;               // + the copying warp
-constexpr int kKeyStride = kF8RowBytes + 16;      // 592: bytes per key row in the ring
-constexpr int kStageBytes = kTile * kKeyStride;   // 37888
-constexpr int kOutStride = kLatentDim + 4;        // floats per row of the transposed output (conflict-free stores)
-constexpr int kBarMma = 1;                        // named barrier of the tensor-core warpgroup (0 is __syncthreads)
+constexpr int kTile = 64;                        // keys per tile
+constexpr int kStages = 5;                       // tiles in the ring
+constexpr int kWg = 128;                         // threads of a warpgroup
+constexpr int kThreads = 3 * kWg;               // the scores and the products warpgroups, the copying warpgroup
+// The CTA starts with 168 registers per thread (launch bounds); the copying warpgroup gives all but 56 back (its
+// warps 1-3 exit at once), the two others take them: 128 · (168 − 56) = 256 · (224 − 168).
+constexpr int kCopierRegs = 56, kMmaRegs = 224;
+static_assert(kWg * kCopierRegs + 2 * kWg * kMmaRegs <= 168 * kThreads, "register budget");
+constexpr int kKeyStride = kF8RowBytes;          // 576: bytes per key row in the ring (as in a dense cache page)
+constexpr int kStageBytes = kTile * kKeyStride;  // 36864
+constexpr int kOutStride = kLatentDim + 4;       // floats per row of the transposed output (conflict-free stores)
+// Named barriers (0 is __syncthreads): the scores warpgroup among itself; P of tile t (buffer t % 2) written
+// (scores → products) and read (products → scores); the row sums written.
+constexpr int kBarScores = 1, kBarPFull = 2 /* + buffer */, kBarPEmpty = 4 /* + buffer */, kBarSums = 6, kBarOut = 7;
 
 template <int N>
 struct F8Smem {
   static constexpr int kv = 0;
   static constexpr int q = kv + kStages * kStageBytes;
-  static constexpr int p = q + 9 * N * 128;
-  static constexpr int red = p + N * 128;
-  static constexpr int qs = red + 4 * N * 4;
-  static constexpr int ok = qs + N * 4;
+  static constexpr int p = q + 9 * N * 128;       // [2 buffers][N rows][128 B]
+  static constexpr int red = p + 2 * N * 128;     // [2 buffers][4 warps][N] fp32
+  static constexpr int alpha = red + 2 * 4 * N * 4;  // [2 buffers][N] fp32: O's rescale factor of tile t
+  static constexpr int qs = alpha + 2 * N * 4;    // [N] fp32
+  static constexpr int sums = qs + N * 4;         // [N] fp32: row sums, then [N] base-2 LSE
+  static constexpr int ok = sums + 2 * N * 4;
   static constexpr int full = ok + kStages * 8;
   static constexpr int empty = full + kStages * 8;
   static constexpr int total = empty + kStages * 8;
@@ -90,7 +100,7 @@ static_assert(F8Smem<32>::total <= 227 * 1024, "shared memory of one Hopper CTA"
 
 // Register buffers of K and Vᵀ fragments in flight (each feeds a group of two wgmmas; a group's buffer is
 // rewritten once the group kBufs later may start). 18 groups of K and 16 of V per tile: the buffer of each group
-// is a compile-time constant. 32 rows keep two each (registers).
+// is a compile-time constant.
 template <int N>
 constexpr int kKBufs = N == 16 ? 3 : 2;
 template <int N>
@@ -124,10 +134,10 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
-// Key of fragment row g (0-7) of a warp's 16 rows: σ(g) = 0 4 1 5 2 6 3 7 (conflict-free 16-byte reads).
-__device__ __forceinline__ int key_of_row(int g) { return (g >> 1) | ((g & 1) << 2); }
-
-// The copying warp: every tile of the CTA's split into the ring, one bulk copy per present key (two per lane).
+// The copying warp: every tile of the CTA's split into the ring. Lane i looks up keys i and i + 32 of a tile; a
+// present key that starts a run of keys of one page (the tile's first key, a page's first key; every key when the
+// cache's rows are not dense) copies the run with one bulk copy. Absent keys are zero-filled, so no stale byte of
+// the ring reaches a product.
 template <int N>
 __device__ __forceinline__ void copy_tiles(const DecodeKernelParams& p, uint8_t* smem, int seq, int k_begin, int k_end,
                                            int ntiles) {
@@ -137,6 +147,7 @@ __device__ __forceinline__ void copy_tiles(const DecodeKernelParams& p, uint8_t*
   uint64_t* const ok = reinterpret_cast<uint64_t*>(smem + L::ok);
   const int32_t* const bt_row = p.block_table + int64_t(seq) * p.block_table_stride;
   const uint64_t policy = evict_first_policy();
+  const bool dense = p.kv_stride_token == kF8RowBytes;
   // Block id of key 32h + lane of tile t (-1: past the split or the table), read a tile ahead of its copy.
   auto block_id = [&](int t, int h) -> int32_t {
     const int k = k_begin + t * kTile + 32 * h + lane;
@@ -151,10 +162,19 @@ __device__ __forceinline__ void copy_tiles(const DecodeKernelParams& p, uint8_t*
     const int32_t cur[2] = {next[0], next[1]};
     next[0] = block_id(t + 1, 0);
     next[1] = block_id(t + 1, 1);
-    if (t >= kStages) mbar_wait(bar_addr(empty, st), phase ^ 1);  // the tensor cores are done with tile t − 5
+    if (t >= kStages) mbar_wait(bar_addr(empty, st), phase ^ 1);  // both warpgroups are done with tile t − 5
+    const uint32_t stage = kv + uint32_t(st * kStageBytes);
     bool present[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) present[h] = cur[h] >= 0 && cur[h] < p.num_blocks;
+    for (int h = 0; h < 2; ++h) {
+      present[h] = cur[h] >= 0 && cur[h] < p.num_blocks;
+      if (!present[h]) {
+        const uint32_t row = stage + uint32_t((32 * h + lane) * kKeyStride);
+        for (int c = 0; c < kF8RowBytes / 16; ++c)
+          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(row + 16 * c), "r"(0) : "memory");
+      }
+    }
+    fence_proxy_async();  // the zeros before later bulk copies into the same bytes
     const uint64_t bits =
         uint64_t(__ballot_sync(0xffffffffu, present[0])) | (uint64_t(__ballot_sync(0xffffffffu, present[1])) << 32);
     const uint32_t bar = bar_addr(full, st);
@@ -163,14 +183,14 @@ __device__ __forceinline__ void copy_tiles(const DecodeKernelParams& p, uint8_t*
       mbar_arrive_expect_tx(bar, uint32_t(__popcll(bits)) * kF8RowBytes);
     }
     __syncwarp();
-    const uint32_t stage = kv + uint32_t(st * kStageBytes);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (!present[h]) continue;
-      const int k = k_begin + t * kTile + 32 * h + lane;
+      const int j = 32 * h + lane, k = k_begin + t * kTile + j;
       const int row = p.block_shift >= 0 ? k & (p.block_size - 1) : k % p.block_size;
+      if (!present[h] || (dense && j > 0 && row > 0)) continue;  // absent, or inside a run
+      const int len = dense ? min(min(kTile - j, p.block_size - row), k_end - k) : 1;
       const uint8_t* const src = p.kv + int64_t(cur[h]) * p.kv_stride_block + int64_t(row) * p.kv_stride_token;
-      bulk_copy(stage + uint32_t((32 * h + lane) * kKeyStride), src, kF8RowBytes, bar, policy);
+      bulk_copy(stage + uint32_t(j * kKeyStride), src, uint32_t(len * kF8RowBytes), bar, policy);
     }
     if (++st == kStages) {
       st = 0;
@@ -188,9 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* const kv_s = smem + L::kv;
   uint8_t* const q_s = smem + L::q;
-  uint8_t* const p_s = smem + L::p;
-  float* const red = reinterpret_cast<float*>(smem + L::red);
-  const uint64_t* const ok_s = reinterpret_cast<const uint64_t*>(smem + L::ok);
+  float* const sums = reinterpret_cast<float*>(smem + L::sums);
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, qd = lane & 3;  // fragment row group and column pair of the thread
 
@@ -204,277 +222,292 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
       mbar_init(bar_addr(full, i), 1);
-      mbar_init(bar_addr(empty, i), kMma);  // every tensor-core thread arrives
+      mbar_init(bar_addr(empty, i), 2 * kWg);  // every thread of both warpgroups arrives
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
-  if (tid >= kMma) {
-    copy_tiles<N>(p, smem, seq, k_begin, k_end, ntiles);
+  if (tid >= 2 * kWg) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCopierRegs));
+    if (tid < 2 * kWg + 32) copy_tiles<N>(p, smem, seq, k_begin, k_end, ntiles);
     return;
   }
-
-  // ---- query rows → q: f16, row n scaled by 2^e_n (rows past the sequence's R rows are zero), each k-step's 16
-  // columns in the K fragments' order: dims 4u .. 4u + 3 of column block c (u = 4·qq + j) at positions
-  // 16j + 2qq, + 1, + 8, + 9 ----
-  {
-    constexpr int kPerRow = kMma / N;              // threads per row: 8 or 4, neighbouring lanes
-    constexpr int kChunks = kRowChunks / kPerRow;  // 16-byte chunks (8 values) per thread: 9 or 18
-    const int r = tid / kPerRow, sub = tid % kPerRow;
-    const int grow = row0 + r;
-    const bool valid = grow < p.rows_per_seq;
-    const uint16_t* src = p.q;
-    if (valid) {
-      const int i = grow / p.num_heads, h = grow - i * p.num_heads;
-      src = p.q + q_elem(p, int64_t(seq) * p.q_len + i, h);
-    }
-    uint4 qv[kChunks];
-    float mx = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      qv[c] = valid ? *reinterpret_cast<const uint4*>(src + 8 * (sub + kPerRow * c)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 f = bf16x2_to_float2(word(qv[c], k));
-        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
-      }
-    }
-#pragma unroll
-    for (int sh = 1; sh < kPerRow; sh <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
-    const int e = f16_row_exponent(mx);
-    const float up = ldexpf(1.0f, e);
-    if (sub == 0) reinterpret_cast<float*>(smem + L::qs)[r] = ldexpf(1.0f, -e);
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      const int ch = sub + kPerRow * c;  // dims 8·ch .. + 7
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 f = bf16x2_to_float2(word(qv[c], k));
-        const int u = 2 * (ch & 7) + (k >> 1);        // dims 4u .. 4u + 3 of column block ch / 8
-        const int pos = 16 * (u & 3) + 2 * (u >> 2) + 8 * (k & 1);
-        *reinterpret_cast<uint32_t*>(q_s + (ch >> 3) * (N * 128) + r * 128 + (((pos >> 3) ^ (r & 7)) << 4) +
-                                     (pos & 7) * 2) = pack_f16(f.x * up, f.y * up);
-      }
-    }
-  }
-  fence_proxy_async();
-  named_bar_sync(kBarMma, kMma);  // the query rows and their scales are in shared memory
-
-  // ---- per-thread state: query rows n(i), their visible keys and score scales, running max and sums ----
-  int nvis[kCols];
-  float m[kCols], l[kCols], row_scale[kCols];  // row_scale: score_scale_log2 · 2^-e_n
-#pragma unroll
-  for (int i = 0; i < kCols; ++i) {
-    const int n = 8 * (i / 2) + 2 * qd + (i & 1);
-    const int grow = row0 + n;
-    nvis[i] = grow < p.rows_per_seq ? int(sharding::visible_local_keys(len, p.q_len, grow / p.num_heads, p.shard)) : 0;
-    row_scale[i] = p.score_scale_log2 * reinterpret_cast<const float*>(smem + L::qs)[n];
-    m[i] = -INFINITY;
-    l[i] = 0.0f;
-  }
-  const int key_a = 16 * warp + key_of_row(g);  // this thread's score rows: keys key_a and key_a + 8 of each tile
-
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMmaRegs));
   const uint32_t kv_addr = smem_addr(kv_s);
-  const uint32_t q_lo = kmajor_lo(smem_addr(q_s)), p_lo = kmajor_lo(smem_addr(p_s));
-  // Fragment reads: K rows key_a, key_a + 8 at dims 16·qd (+ 64 per column block); V keys 2·qd (+ 1, 8, 9, and 16
-  // per key step) at dims 16·(8·warp + g).
-  const uint32_t k_off = uint32_t(key_a * kKeyStride + 16 * qd);
-  const uint32_t v_off = uint32_t(2 * qd * kKeyStride + 16 * (8 * warp + g));
+  const uint32_t p_lo = kmajor_lo(smem_addr(smem + L::p));
+  constexpr uint32_t kPBuf = (N * 128) >> 4;  // one P buffer in descriptor units
 
-  // Accumulators are first written by the tensor cores (the first products overwrite them).
-  float o[8][kAcc];  // dim block b: dims 16·(8·warp + g) + b (+ 8), query rows n(i)
-  float s[kAcc];     // scores: keys key_a (+ 8), query rows n(i)
-  uint32_t kf[KB][2][4], vf[VB][2][4];  // fragment buffers: two wgmmas' A operands each
-
-  // Sᵀ = K·Qᵀ of the tile in `stage`, issued: column block c's two 16-byte reads (keys key_a, key_a + 8) give 4
-  // k-steps, two per group. Earlier groups (P·V of the previous tile) may still run.
-  auto issue_scores = [&](uint32_t stage) {
-    uint4 kr[2][2];
-    kr[0][0] = lds128(stage + k_off);
-    kr[0][1] = lds128(stage + k_off + 8 * kKeyStride);
+  if (tid >= kWg) {
+    // ==== the products warpgroup: Oᵀ += Vᵀ·Pᵀ per tile, O in registers ====
+    // Vᵀ fragments: keys 2·qd (+ 1, 8, 9, and 16 per key step) at dims 16·(8·warp + g) .. + 15.
+    const uint32_t v_off = uint32_t(2 * qd * kKeyStride + 16 * (8 * warp + g));
+    float o[8][kAcc];  // dim block b: dims 16·(8·warp + g) + b (+ 8), query rows n(i)
+    uint32_t vf[VB][2][4];
+    int st = 0;
+    uint32_t phase = 0;
+    for (int t = 0; t < ntiles; ++t) {
+      const int pb = t & 1;
+      named_bar_sync(kBarPFull + pb, 2 * kWg);  // P and the rescale factors of tile t are written
+      mbar_wait(bar_addr(full, st), phase);     // (completed: the scores warpgroup has read the tile)
+      const uint32_t stage = kv_addr + uint32_t(st * kStageBytes);
+      if (t > 0) {
+        const float* const alpha = reinterpret_cast<const float*>(smem + L::alpha) + pb * N;
 #pragma unroll
-    for (int c = 0; c < 9; ++c) {
-      if (c + 1 < 9) {
-        kr[(c + 1) & 1][0] = lds128(stage + k_off + 64 * (c + 1));
-        kr[(c + 1) & 1][1] = lds128(stage + k_off + 8 * kKeyStride + 64 * (c + 1));
-      }
+        for (int i = 0; i < kCols; ++i) {
+          const float a = alpha[8 * (i / 2) + 2 * qd + (i & 1)];
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int grp = 2 * c + hh, b = grp % KB;
-        if (grp >= KB) wgmma_wait<KB - 1>();  // group grp − KB is done with buffer b
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const uint2 fa = e4m3x4_to_f16x4(word(kr[c & 1][0], 2 * hh + jj));
-          const uint2 fb = e4m3x4_to_f16x4(word(kr[c & 1][1], 2 * hh + jj));
-          kf[b][jj][0] = fa.x;
-          kf[b][jj][1] = fb.x;
-          kf[b][jj][2] = fa.y;
-          kf[b][jj][3] = fb.y;
+          for (int b = 0; b < 8; ++b) {
+            o[b][4 * (i / 2) + (i & 1)] *= a;
+            o[b][4 * (i / 2) + 2 + (i & 1)] *= a;
+          }
         }
-        wgmma_fence();
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
-          wgmma_rs(s, kf[b][jj], desc(q_lo + uint32_t((c * N * 128 + (2 * hh + jj) * 32) >> 4)), grp > 0 || jj > 0);
-        wgmma_commit();
       }
-    }
-  };
-
-  // Oᵀ += Vᵀ·Pᵀ of the tile in `stage`, issued: per key step, four 16-byte reads (keys 2·qd, + 1, + 8, + 9; absent
-  // keys zeroed, so no stale byte of the ring reaches O) give the fragments of all 8 dim blocks, two per group.
-  auto issue_products = [&](uint32_t stage, uint64_t okb, bool first) {
+      // Per key step, four 16-byte reads (keys 2·qd, + 1, + 8, + 9) give the fragments of all 8 dim blocks, two
+      // blocks per group.
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      uint4 vr[4];
+      for (int ks = 0; ks < 4; ++ks) {
+        uint4 vr[4];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const int key = 16 * ks + 2 * qd + (kk & 1) + 8 * (kk >> 1);
-        const uint4 v = lds128(stage + v_off + uint32_t((16 * ks + (kk & 1) + 8 * (kk >> 1)) * kKeyStride));
-        vr[kk] = (okb >> key) & 1 ? v : make_uint4(0, 0, 0, 0);
-      }
+        for (int kk = 0; kk < 4; ++kk)
+          vr[kk] = lds128(stage + v_off + uint32_t((16 * ks + (kk & 1) + 8 * (kk >> 1)) * kKeyStride));
 #pragma unroll
-      for (int bp = 0; bp < 4; ++bp) {
-        const int grp = 4 * ks + bp, b = grp % VB;
-        if (grp >= VB) wgmma_wait<VB - 1>();  // group grp − VB is done with buffer b
-        // Bytes 2·(bp % 2), + 1 of word bp / 2 (h = 0: dims + 0..7) or 2 + bp / 2 (h = 1: dims + 8..15) of two
-        // keys, paired: [x_j, y_j, x_j+1, y_j+1] → dim blocks 2·bp and 2·bp + 1.
-        const uint32_t sel = bp & 1 ? 0x7362u : 0x5140u;
+        for (int bp = 0; bp < 4; ++bp) {
+          const int grp = 4 * ks + bp, b = grp % VB;
+          if (grp >= VB) wgmma_wait<VB - 1>();  // group grp − VB is done with buffer b
+          // Bytes 2·(bp % 2), + 1 of word bp / 2 (h = 0: dims + 0..7) or 2 + bp / 2 (h = 1: dims + 8..15) of
+          // two keys, paired: [x_j, y_j, x_j+1, y_j+1] → dim blocks 2·bp and 2·bp + 1.
+          const uint32_t sel = bp & 1 ? 0x7362u : 0x5140u;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {  // fragment register r: row half r % 2, key pair r / 2
-          const int wi = (r & 1) * 2 + (bp >> 1), x = 2 * (r >> 1);
-          const uint2 f = e4m3x4_to_f16x4(__byte_perm(word(vr[x], wi), word(vr[x + 1], wi), sel));
-          vf[b][0][r] = f.x;
-          vf[b][1][r] = f.y;
+          for (int r = 0; r < 4; ++r) {  // fragment register r: row half r % 2, key pair r / 2
+            const int wi = (r & 1) * 2 + (bp >> 1), x = 2 * (r >> 1);
+            const uint2 f = e4m3x4_to_f16x4(__byte_perm(word(vr[x], wi), word(vr[x + 1], wi), sel));
+            vf[b][0][r] = f.x;
+            vf[b][1][r] = f.y;
+          }
+          wgmma_fence();
+          const uint64_t pd = desc(p_lo + pb * kPBuf + uint32_t((ks * 32) >> 4));
+          wgmma_rs(o[2 * bp], vf[b][0], pd, t > 0 || ks > 0);
+          wgmma_rs(o[2 * bp + 1], vf[b][1], pd, t > 0 || ks > 0);
+          wgmma_commit();
         }
-        wgmma_fence();
-        const uint64_t pd = desc(p_lo + uint32_t((ks * 32) >> 4));
-        wgmma_rs(o[2 * bp], vf[b][0], pd, !first || ks > 0);
-        wgmma_rs(o[2 * bp + 1], vf[b][1], pd, !first || ks > 0);
-        wgmma_commit();
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int b = 0; b < 8; ++b) fence_regs(o[b]);
+      if (t + 2 < ntiles) named_bar_arrive(kBarPEmpty + pb, 2 * kWg);  // P buffer pb is free for tile t + 2
+      mbar_arrive(bar_addr(empty, st));                                 // and this thread's reads of the stage done
+      if (++st == kStages) {
+        st = 0;
+        phase ^= 1;
       }
     }
-  };
+    named_bar_sync(kBarSums, 2 * kWg);  // the row sums and LSE are in shared memory; every tile is consumed
 
-  // Tile t's scores (complete) → mask, column maxima, P → shared memory, O rescaled (its products complete).
-  auto softmax = [&](int t, uint64_t okb) {
-    const int kt = k_begin + t * kTile;
-    const bool pres_a = (okb >> key_a) & 1, pres_b = (okb >> (key_a + 8)) & 1;
-    float mx[kCols];
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) {
-      const int j = i / 2, e = i & 1;
-      s[4 * j + e] = pres_a && kt + key_a < nvis[i] ? s[4 * j + e] : -INFINITY;
-      s[4 * j + 2 + e] = pres_b && kt + key_a + 8 < nvis[i] ? s[4 * j + 2 + e] : -INFINITY;
-      mx[i] = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
-#pragma unroll
-      for (int sh = 4; sh < 32; sh <<= 1) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], sh));
-    }
-    if (lane < 4) {
-#pragma unroll
-      for (int i = 0; i < kCols; ++i) red[warp * N + 8 * (i / 2) + 2 * lane + (i & 1)] = mx[i];
-    }
-    named_bar_sync(kBarMma, kMma);  // (B) every warp's maxima
-
-    // New maxima (base-2 logits), P = 2^(S·scale − m) → shared memory, O rescaled.
-    float alpha[kCols];
-    bool moved = false;
+    // ---- normalized Oᵀ → the ring as [N rows][kOutStride] fp32 (every copy has landed) ----
+    float* const ot = reinterpret_cast<float*>(kv_s);
+    const bool none = ntiles == 0;  // O was never written: the rows are 0
+    const int dim0 = 16 * (8 * warp + g);
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
       const int j = i / 2, e = i & 1, n = 8 * j + 2 * qd + e;
-      const float tile_max = fmaxf(fmaxf(red[n], red[N + n]), fmaxf(red[2 * N + n], red[3 * N + n]));
-      const float m_new = fmaxf(m[i], tile_max * row_scale[i]);
-      alpha[i] = rescale_factor(m[i], m_new);
-      moved |= alpha[i] != 1.0f;
-      m[i] = m_new;
-      const float neg_m = m_new == -INFINITY ? 0.0f : -m_new;
-      const float pa = fast_exp2(fmaf(s[4 * j + e], row_scale[i], neg_m));
-      const float pb = fast_exp2(fmaf(s[4 * j + 2 + e], row_scale[i], neg_m));
-      l[i] = l[i] * alpha[i] + (pa + pb);
-      uint8_t* const prow = p_s + n * 128;
-      *reinterpret_cast<__half*>(prow + (((key_a >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) = __float2half_rn(pa);
-      *reinterpret_cast<__half*>(prow + ((((key_a + 8) >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) = __float2half_rn(pb);
+      const float sum = sums[n];
+      const float inv = sum > 0.0f ? p.out_scale / sum : 0.0f;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        ot[n * kOutStride + dim0 + b] = none ? 0.0f : o[b][4 * j + e] * inv;
+        ot[n * kOutStride + dim0 + 8 + b] = none ? 0.0f : o[b][4 * j + 2 + e] * inv;
+      }
     }
-    if (t > 0 && __any_sync(0xffffffffu, moved)) {
+  } else {
+    // ==== the scores warpgroup: query rows, then per tile Sᵀ = K·Qᵀ, softmax, P ====
+    float* const red = reinterpret_cast<float*>(smem + L::red);
+    uint8_t* const p_s = smem + L::p;
+    const uint64_t* const ok_s = reinterpret_cast<const uint64_t*>(smem + L::ok);
+    // ---- query rows → q: f16, row n scaled by 2^e_n (rows past the sequence's R rows are zero), each k-step's
+    // 16 columns in the K fragments' order: dims 4u .. 4u + 3 of column block c (u = 4·qq + j) at positions
+    // 16j + 2qq, + 1, + 8, + 9 ----
+    {
+      constexpr int kPerRow = kWg / N;               // threads per row: 8 or 4, neighbouring lanes
+      constexpr int kChunks = kRowChunks / kPerRow;  // 16-byte chunks (8 values) per thread: 9 or 18
+      const int r = tid / kPerRow, sub = tid % kPerRow;
+      const int grow = row0 + r;
+      const bool valid = grow < p.rows_per_seq;
+      const uint16_t* src = p.q;
+      if (valid) {
+        const int i = grow / p.num_heads, h = grow - i * p.num_heads;
+        src = p.q + q_elem(p, int64_t(seq) * p.q_len + i, h);
+      }
+      uint4 qv[kChunks];
+      float mx = 0.0f;
 #pragma unroll
-      for (int b = 0; b < 8; ++b)
+      for (int c = 0; c < kChunks; ++c) {
+        qv[c] = valid ? *reinterpret_cast<const uint4*>(src + 8 * (sub + kPerRow * c)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int i = 0; i < kCols; ++i) {
-          const int j = i / 2, e = i & 1;
-          o[b][4 * j + e] *= alpha[i];
-          o[b][4 * j + 2 + e] *= alpha[i];
+        for (int k = 0; k < 4; ++k) {
+          const float2 f = bf16x2_to_float2(word(qv[c], k));
+          mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
         }
+      }
+#pragma unroll
+      for (int sh = 1; sh < kPerRow; sh <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
+      const int e = f16_row_exponent(mx);
+      const float up = ldexpf(1.0f, e);
+      if (sub == 0) reinterpret_cast<float*>(smem + L::qs)[r] = ldexpf(1.0f, -e);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int ch = sub + kPerRow * c;  // dims 8·ch .. + 7
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 f = bf16x2_to_float2(word(qv[c], k));
+          const int u = 2 * (ch & 7) + (k >> 1);  // dims 4u .. 4u + 3 of column block ch / 8
+          const int pos = 16 * (u & 3) + 2 * (u >> 2) + 8 * (k & 1);
+          *reinterpret_cast<uint32_t*>(q_s + (ch >> 3) * (N * 128) + r * 128 + (((pos >> 3) ^ (r & 7)) << 4) +
+                                       (pos & 7) * 2) = pack_f16(f.x * up, f.y * up);
+        }
+      }
     }
     fence_proxy_async();
-    named_bar_sync(kBarMma, kMma);  // (C) P is in shared memory; every warp is past its reads of red
-  };
+    named_bar_sync(kBarScores, kWg);  // the query rows and their scales are in shared memory
 
-  // Per iteration t: the products of tile t and the scores of tile t + 1 are issued together and both retired
-  // (no product is in flight across iterations, nor during a spinning wait), then tile t's stage is released and
-  // tile t + 1's softmax runs.
-  int st = 0;
-  uint32_t phase = 0;
-  uint64_t okb = 0;
-  if (ntiles > 0) {
-    mbar_wait(bar_addr(full, 0), 0);
-    okb = ok_s[0];
-    issue_scores(kv_addr);
-    wgmma_wait<0>();
-    fence_regs(s);
-    softmax(0, okb);
-  }
-  for (int t = 0; t < ntiles; ++t) {
-    const int st1 = st + 1 == kStages ? 0 : st + 1;
-    const uint32_t phase1 = st1 == 0 ? phase ^ 1 : phase;
-    const bool more = t + 1 < ntiles;
-    if (more) mbar_wait(bar_addr(full, st1), phase1);  // tile t + 1 is in stage st1
-    const uint64_t okb1 = more ? ok_s[st1] : 0;
-    issue_products(kv_addr + uint32_t(st * kStageBytes), okb, t == 0);
-    if (more) issue_scores(kv_addr + uint32_t(st1 * kStageBytes));
-    wgmma_wait<0>();
-    fence_regs(s);
+    // ---- per-thread state: query rows n(i), their visible keys and score scales, running max and sums ----
+    int nvis[kCols];
+    float m[kCols], l[kCols], row_scale[kCols];  // row_scale: score_scale_log2 · 2^-e_n
 #pragma unroll
-    for (int b = 0; b < 8; ++b) fence_regs(o[b]);
-    mbar_arrive(bar_addr(empty, st));  // this thread's reads of tile t are done
-    if (more) softmax(t + 1, okb1);
-    st = st1;
-    phase = phase1;
-    okb = okb1;
-  }
-
-  // ---- row sums of the 64 keys of the 4 warps ----
-#pragma unroll
-  for (int i = 0; i < kCols; ++i)
-#pragma unroll
-    for (int sh = 4; sh < 32; sh <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], sh);
-  named_bar_sync(kBarMma, kMma);  // every warp is past its last reads of red and of the ring
-  if (lane < 4) {
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) red[warp * N + 8 * (i / 2) + 2 * lane + (i & 1)] = l[i];
-  }
-  named_bar_sync(kBarMma, kMma);
-
-  // ---- normalized Oᵀ → the ring as [N rows][kOutStride] fp32 (every copy has landed); base-2 LSE per row → p ----
-  float* const ot = reinterpret_cast<float*>(kv_s);
-  float* const row_lse = reinterpret_cast<float*>(p_s);
-  const bool none = ntiles == 0;  // O was never written: the rows are 0
-  const int dim0 = 16 * (8 * warp + g);
-#pragma unroll
-  for (int i = 0; i < kCols; ++i) {
-    const int j = i / 2, e = i & 1, n = 8 * j + 2 * qd + e;
-    const float sum = red[n] + red[N + n] + red[2 * N + n] + red[3 * N + n];
-    const float inv = sum > 0.0f ? p.out_scale / sum : 0.0f;
-#pragma unroll
-    for (int b = 0; b < 8; ++b) {
-      ot[n * kOutStride + dim0 + b] = none ? 0.0f : o[b][4 * j + e] * inv;
-      ot[n * kOutStride + dim0 + 8 + b] = none ? 0.0f : o[b][4 * j + 2 + e] * inv;
+    for (int i = 0; i < kCols; ++i) {
+      const int n = 8 * (i / 2) + 2 * qd + (i & 1);
+      const int grow = row0 + n;
+      nvis[i] =
+          grow < p.rows_per_seq ? int(sharding::visible_local_keys(len, p.q_len, grow / p.num_heads, p.shard)) : 0;
+      row_scale[i] = p.score_scale_log2 * reinterpret_cast<const float*>(smem + L::qs)[n];
+      m[i] = -INFINITY;
+      l[i] = 0.0f;
     }
-    if (warp == 0 && lane < 4) row_lse[n] = sum > 0.0f ? m[i] + log2f(sum) : -INFINITY;
+    const int key_a = 16 * warp + g;  // this thread's score rows: keys key_a and key_a + 8 of each tile
+    const uint32_t q_lo = kmajor_lo(smem_addr(q_s));
+    const uint32_t k_off = uint32_t(key_a * kKeyStride + 16 * qd);  // K fragments: dims 16·qd (+ 64 per block)
+    float s[kAcc];                                                  // scores: keys key_a (+ 8), query rows n(i)
+    uint32_t kf[KB][2][4];
+
+    int st = 0;
+    uint32_t phase = 0;
+    for (int t = 0; t < ntiles; ++t) {
+      const int pb = t & 1;
+      mbar_wait(bar_addr(full, st), phase);  // tile t is in stage st
+      const uint64_t okb = ok_s[st];
+      const uint32_t stage = kv_addr + uint32_t(st * kStageBytes);
+      // Sᵀ over 576 dims: column block c's two 16-byte reads (keys key_a, key_a + 8) give 4 k-steps, two per group.
+      uint4 kr[2][2];
+      kr[0][0] = lds128(stage + k_off);
+      kr[0][1] = lds128(stage + k_off + 8 * kKeyStride);
+#pragma unroll
+      for (int c = 0; c < 9; ++c) {
+        if (c + 1 < 9) {
+          kr[(c + 1) & 1][0] = lds128(stage + k_off + 64 * (c + 1));
+          kr[(c + 1) & 1][1] = lds128(stage + k_off + 8 * kKeyStride + 64 * (c + 1));
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int grp = 2 * c + hh, b = grp % KB;
+          if (grp >= KB) wgmma_wait<KB - 1>();  // group grp − KB is done with buffer b
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const uint2 fa = e4m3x4_to_f16x4(word(kr[c & 1][0], 2 * hh + jj));
+            const uint2 fb = e4m3x4_to_f16x4(word(kr[c & 1][1], 2 * hh + jj));
+            kf[b][jj][0] = fa.x;
+            kf[b][jj][1] = fb.x;
+            kf[b][jj][2] = fa.y;
+            kf[b][jj][3] = fb.y;
+          }
+          wgmma_fence();
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj)
+            wgmma_rs(s, kf[b][jj], desc(q_lo + uint32_t((c * N * 128 + (2 * hh + jj) * 32) >> 4)), grp > 0 || jj > 0);
+          wgmma_commit();
+        }
+      }
+      wgmma_wait<0>();
+      fence_regs(s);
+      mbar_arrive(bar_addr(empty, st));  // this thread's reads of the stage are done
+
+      // Absent keys and keys after a row's causal limit → -inf; column maxima of the warp's 16 keys.
+      const int kt = k_begin + t * kTile;
+      const bool pres_a = (okb >> key_a) & 1, pres_b = (okb >> (key_a + 8)) & 1;
+      float* const red_t = red + pb * 4 * N;
+      float mx[kCols];
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const int j = i / 2, e = i & 1;
+        s[4 * j + e] = pres_a && kt + key_a < nvis[i] ? s[4 * j + e] : -INFINITY;
+        s[4 * j + 2 + e] = pres_b && kt + key_a + 8 < nvis[i] ? s[4 * j + 2 + e] : -INFINITY;
+        mx[i] = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+#pragma unroll
+        for (int sh = 4; sh < 32; sh <<= 1) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], sh));
+      }
+      if (lane < 4) {
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) red_t[warp * N + 8 * (i / 2) + 2 * lane + (i & 1)] = mx[i];
+      }
+      named_bar_sync(kBarScores, kWg);  // every warp's maxima (red is double-buffered: a warp writes buffer pb
+                                        // again only after this barrier of tile t + 1, past every read of it)
+      if (t >= 2) named_bar_sync(kBarPEmpty + pb, 2 * kWg);  // the products of tile t − 2 are done with P buffer pb
+
+      // New maxima (base-2 logits), P = 2^(S·scale − m) → P buffer pb, O's rescale factors → alpha buffer pb.
+      uint8_t* const p_t = p_s + pb * N * 128;
+      float* const alpha_t = reinterpret_cast<float*>(smem + L::alpha) + pb * N;
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const int j = i / 2, e = i & 1, n = 8 * j + 2 * qd + e;
+        const float tile_max = fmaxf(fmaxf(red_t[n], red_t[N + n]), fmaxf(red_t[2 * N + n], red_t[3 * N + n]));
+        const float m_new = fmaxf(m[i], tile_max * row_scale[i]);
+        const float alpha = rescale_factor(m[i], m_new);
+        m[i] = m_new;
+        const float neg_m = m_new == -INFINITY ? 0.0f : -m_new;
+        const float pa = fast_exp2(fmaf(s[4 * j + e], row_scale[i], neg_m));
+        const float pb2 = fast_exp2(fmaf(s[4 * j + 2 + e], row_scale[i], neg_m));
+        l[i] = l[i] * alpha + (pa + pb2);
+        uint8_t* const prow = p_t + n * 128;
+        *reinterpret_cast<__half*>(prow + (((key_a >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) = __float2half_rn(pa);
+        *reinterpret_cast<__half*>(prow + ((((key_a + 8) >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) =
+            __float2half_rn(pb2);
+        if (warp == 0 && g == 0) alpha_t[n] = alpha;
+      }
+      fence_proxy_async();
+      named_bar_arrive(kBarPFull + pb, 2 * kWg);  // P and the rescale factors of tile t are written
+      if (++st == kStages) {
+        st = 0;
+        phase ^= 1;
+      }
+    }
+
+    // ---- row sums of the 64 keys of the 4 warps; base-2 LSE ----
+#pragma unroll
+    for (int i = 0; i < kCols; ++i)
+#pragma unroll
+      for (int sh = 4; sh < 32; sh <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], sh);
+    named_bar_sync(kBarScores, kWg);  // every warp is past its last reads of red
+    if (lane < 4) {
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) red[warp * N + 8 * (i / 2) + 2 * lane + (i & 1)] = l[i];
+    }
+    named_bar_sync(kBarScores, kWg);
+    if (warp == 0 && lane < 4) {
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const int n = 8 * (i / 2) + 2 * lane + (i & 1);
+        const float sum = red[n] + red[N + n] + red[2 * N + n] + red[3 * N + n];
+        sums[n] = sum;
+        sums[N + n] = sum > 0.0f ? m[i] + log2f(sum) : -INFINITY;
+      }
+    }
+    named_bar_sync(kBarSums, 2 * kWg);  // the row sums and LSE are in shared memory
   }
-  named_bar_sync(kBarMma, kMma);
+  named_bar_sync(kBarOut, 2 * kWg);  // the transposed output is in the ring
+  const float* const ot = reinterpret_cast<const float*>(kv_s);
+  const float* const row_lse = sums + N;
   // ---- write: final output (one split) or the partial state (several); a warp per row, 16 columns a lane ----
   const bool direct = nsplits == 1;
-  for (int n = warp; n < N; n += 4) {
+  for (int n = tid >> 5; n < N; n += 8) {
     const int grow = row0 + n;
     if (grow >= p.rows_per_seq) break;
     const int i = grow / p.num_heads, h = grow - i * p.num_heads;
