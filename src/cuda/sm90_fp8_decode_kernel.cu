@@ -65,10 +65,10 @@ namespace {
 
 using namespace sm90;
 
-constexpr int kTile = 64;                        // keys per tile
-constexpr int kStages = 5;                       // tiles in the ring
-constexpr int kWg = 128;                         // threads of a warpgroup
-constexpr int kThreads = 3 * kWg;               // the scores and the products warpgroups, the copying warpgroup
+constexpr int kTile = 64;          // keys per tile
+constexpr int kStages = 5;         // tiles in the ring
+constexpr int kWg = 128;           // threads of a warpgroup
+constexpr int kThreads = 3 * kWg;  // the scores and the products warpgroups, the copying warpgroup
 // The CTA starts with 168 registers per thread (launch bounds); the copying warpgroup gives all but 56 back (its
 // warps 1-3 exit at once), the two others take them: 128 · (168 − 56) = 256 · (224 − 168).
 constexpr int kCopierRegs = 56, kMmaRegs = 224;
@@ -78,17 +78,18 @@ constexpr int kStageBytes = kTile * kKeyStride;  // 36864
 constexpr int kOutStride = kLatentDim + 4;       // floats per row of the transposed output (conflict-free stores)
 // Named barriers (0 is __syncthreads): the scores warpgroup among itself; P of tile t (buffer t % 2) written
 // (scores → products) and read (products → scores); the row sums written.
-constexpr int kBarScores = 1, kBarPFull = 2 /* + buffer */, kBarPEmpty = 4 /* + buffer */, kBarSums = 6, kBarOut = 7;
+constexpr int kBarScores = 1, kBarPFull = 2 /* + buffer */, kBarPEmpty = 4 /* + buffer */, kBarSums = 6, kBarOut = 7,
+              kBarProducts = 8;
 
 template <int N>
 struct F8Smem {
   static constexpr int kv = 0;
   static constexpr int q = kv + kStages * kStageBytes;
-  static constexpr int p = q + 9 * N * 128;       // [2 buffers][N rows][128 B]
-  static constexpr int red = p + 2 * N * 128;     // [2 buffers][4 warps][N] fp32
+  static constexpr int p = q + 9 * N * 128;          // [2 buffers][N rows][128 B]
+  static constexpr int red = p + 2 * N * 128;        // [2 buffers][4 warps][N] fp32
   static constexpr int alpha = red + 2 * 4 * N * 4;  // [2 buffers][N] fp32: O's rescale factor of tile t
-  static constexpr int qs = alpha + 2 * N * 4;    // [N] fp32
-  static constexpr int sums = qs + N * 4;         // [N] fp32: row sums, then [N] base-2 LSE
+  static constexpr int qs = alpha + 2 * N * 4;       // [N] fp32
+  static constexpr int sums = qs + N * 4;            // [N] fp32: row sums, then [N] base-2 LSE
   static constexpr int ok = sums + 2 * N * 4;
   static constexpr int full = ok + kStages * 8;
   static constexpr int empty = full + kStages * 8;
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
 #pragma unroll
       for (int b = 0; b < 8; ++b) fence_regs(o[b]);
       if (t + 2 < ntiles) named_bar_arrive(kBarPEmpty + pb, 2 * kWg);  // P buffer pb is free for tile t + 2
-      mbar_arrive(bar_addr(empty, st));                                 // and this thread's reads of the stage done
+      mbar_arrive(bar_addr(empty, st));                                // and this thread's reads of the stage done
       if (++st == kStages) {
         st = 0;
         phase ^= 1;
@@ -319,6 +320,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
         ot[n * kOutStride + dim0 + 8 + b] = none ? 0.0f : o[b][4 * j + 2 + e] * inv;
       }
     }
+    named_bar_arrive(kBarOut, 2 * kWg);  // the transposed output is in the ring
+    named_bar_sync(kBarProducts, kWg);   // (for this warpgroup too)
   } else {
     // ==== the scores warpgroup: query rows, then per tile Sᵀ = K·Qᵀ, softmax, P ====
     float* const red = reinterpret_cast<float*>(smem + L::red);
@@ -500,9 +503,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
         sums[N + n] = sum > 0.0f ? m[i] + log2f(sum) : -INFINITY;
       }
     }
-    named_bar_sync(kBarSums, 2 * kWg);  // the row sums and LSE are in shared memory
+    named_bar_arrive(kBarSums, 2 * kWg);  // the row sums and LSE are in shared memory
+    named_bar_sync(kBarOut, 2 * kWg);     // the transposed output is in the ring
   }
-  named_bar_sync(kBarOut, 2 * kWg);  // the transposed output is in the ring
   const float* const ot = reinterpret_cast<const float*>(kv_s);
   const float* const row_lse = sums + N;
   // ---- write: final output (one split) or the partial state (several); a warp per row, 16 columns a lane ----
