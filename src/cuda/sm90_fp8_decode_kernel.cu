@@ -249,9 +249,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
     uint32_t phase = 0;
     for (int t = 0; t < ntiles; ++t) {
       const int pb = t & 1;
-      named_bar_sync(kBarPFull + pb, 2 * kWg);  // P and the rescale factors of tile t are written
-      mbar_wait(bar_addr(full, st), phase);     // (completed: the scores warpgroup has read the tile)
+      mbar_wait(bar_addr(full, st), phase);  // tile t is in stage st
       const uint32_t stage = kv_addr + uint32_t(st * kStageBytes);
+      // Per key step, four 16-byte reads (keys 2·qd, + 1, + 8, + 9) give the fragments of all 8 dim blocks, two
+      // blocks per group; the reads of the next key step are issued before the current one's conversions.
+      uint4 vr[2][4];
+      auto read_v = [&](uint4(&v)[4], int ks) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          v[kk] = lds128(stage + v_off + uint32_t((16 * ks + (kk & 1) + 8 * (kk >> 1)) * kKeyStride));
+      };
+      read_v(vr[0], 0);
+      named_bar_sync(kBarPFull + pb, 2 * kWg);  // P and the rescale factors of tile t are written
       if (t > 0) {
         const float* const alpha = reinterpret_cast<const float*>(smem + L::alpha) + pb * N;
 #pragma unroll
@@ -264,14 +273,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
           }
         }
       }
-      // Per key step, four 16-byte reads (keys 2·qd, + 1, + 8, + 9) give the fragments of all 8 dim blocks, two
-      // blocks per group.
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        uint4 vr[4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          vr[kk] = lds128(stage + v_off + uint32_t((16 * ks + (kk & 1) + 8 * (kk >> 1)) * kKeyStride));
+        if (ks + 1 < 4) read_v(vr[(ks + 1) & 1], ks + 1);
 #pragma unroll
         for (int bp = 0; bp < 4; ++bp) {
           const int grp = 4 * ks + bp, b = grp % VB;
@@ -282,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
 #pragma unroll
           for (int r = 0; r < 4; ++r) {  // fragment register r: row half r % 2, key pair r / 2
             const int wi = (r & 1) * 2 + (bp >> 1), x = 2 * (r >> 1);
-            const uint2 f = e4m3x4_to_f16x4(__byte_perm(word(vr[x], wi), word(vr[x + 1], wi), sel));
+            const uint2 f = e4m3x4_to_f16x4(__byte_perm(word(vr[ks & 1][x], wi), word(vr[ks & 1][x + 1], wi), sel));
             vf[b][0][r] = f.x;
             vf[b][1][r] = f.y;
           }
@@ -390,6 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
     const uint32_t q_lo = kmajor_lo(smem_addr(q_s));
     const uint32_t k_off = uint32_t(key_a * kKeyStride + 16 * qd);  // K fragments: dims 16·qd (+ 64 per block)
     float s[kAcc];                                                  // scores: keys key_a (+ 8), query rows n(i)
+    float s_odd[kAcc];  // the odd column blocks' part (two independent accumulator chains)
     uint32_t kf[KB][2][4];
 
     int st = 0;
@@ -424,13 +429,21 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
           }
           wgmma_fence();
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj)
-            wgmma_rs(s, kf[b][jj], desc(q_lo + uint32_t((c * N * 128 + (2 * hh + jj) * 32) >> 4)), grp > 0 || jj > 0);
+          for (int jj = 0; jj < 2; ++jj) {
+            const uint64_t qd_desc = desc(q_lo + uint32_t((c * N * 128 + (2 * hh + jj) * 32) >> 4));
+            if (c & 1)
+              wgmma_rs(s_odd, kf[b][jj], qd_desc, c > 1 || hh > 0 || jj > 0);
+            else
+              wgmma_rs(s, kf[b][jj], qd_desc, c > 0 || hh > 0 || jj > 0);
+          }
           wgmma_commit();
         }
       }
       wgmma_wait<0>();
       fence_regs(s);
+      fence_regs(s_odd);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) s[i] += s_odd[i];
       mbar_arrive(bar_addr(empty, st));  // this thread's reads of the stage are done
 
       // Absent keys and keys after a row's causal limit → -inf; column maxima of the warp's 16 keys.
