@@ -22,10 +22,11 @@
 //     64c + 16q of each key gives k-steps 4c .. 4c + 3: in k-step 4c + j, fragment columns 2q, 2q + 1, 2q + 8,
 //     2q + 9 are dims 64c + 16q + 4j + 0, 1, 2, 3. The query rows are stored with the same permutation of each
 //     k-step's 16 columns, so the products are unchanged. A quarter warp's reads hit 8 different 4-bank groups.
-//   Vᵀ (M = dims, K = keys): in key step s the thread's columns 2q, 2q + 1, 2q + 8, 2q + 9 are keys 16s + 2q, + 1,
-//     + 8, + 9, and its rows g, g + 8 of dim block b are dims 16(8w + g) + b and + 8 + b: one 16-byte read per key
-//     (dims 16(8w + g) .. + 15) serves all 8 dim blocks; byte permutes pair two keys' bytes (two-way bank conflicts:
-//     keys are 576 bytes apart, as in a dense page, so that a page's run of keys is one copy).
+//   Vᵀ (M = dims, K = keys): in key step s the thread's columns 2q, 2q + 1, 2q + 8, 2q + 9 are keys 16s + q, + 4,
+//     + 8, + 12 (P is stored in this key order), and its rows g, g + 8 of dim block b are dims 16(8w + g) + b and
+//     + 8 + b: one 16-byte read per key (dims 16(8w + g) .. + 15) serves all 8 dim blocks; byte permutes pair two
+//     keys' bytes. Keys are 576 bytes apart, as in a dense page (a page's run of keys is one copy), so a quarter
+//     warp's reads meet two keys of each parity: two-way bank conflicts.
 //
 // Threads: three warpgroups (384), one CTA per SM; `setmaxnreg` moves the copying warpgroup's registers to the
 // others.
@@ -241,8 +242,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
 
   if (tid >= kWg) {
     // ==== the products warpgroup: Oᵀ += Vᵀ·Pᵀ per tile, O in registers ====
-    // Vᵀ fragments: keys 2·qd (+ 1, 8, 9, and 16 per key step) at dims 16·(8·warp + g) .. + 15.
-    const uint32_t v_off = uint32_t(2 * qd * kKeyStride + 16 * (8 * warp + g));
+    // Vᵀ fragments: keys qd (+ 4, 8, 12, and 16 per key step) at dims 16·(8·warp + g) .. + 15.
+    const uint32_t v_off = uint32_t(qd * kKeyStride + 16 * (8 * warp + g));
     float o[8][kAcc];  // dim block b: dims 16·(8·warp + g) + b (+ 8), query rows n(i)
     uint32_t vf[VB][2][4];
     int st = 0;
@@ -251,13 +252,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       const int pb = t & 1;
       mbar_wait(bar_addr(full, st), phase);  // tile t is in stage st
       const uint32_t stage = kv_addr + uint32_t(st * kStageBytes);
-      // Per key step, four 16-byte reads (keys 2·qd, + 1, + 8, + 9) give the fragments of all 8 dim blocks, two
+      // Per key step, four 16-byte reads (keys qd, + 4, + 8, + 12) give the fragments of all 8 dim blocks, two
       // blocks per group; the reads of the next key step are issued before the current one's conversions.
       uint4 vr[2][4];
       auto read_v = [&](uint4(&v)[4], int ks) {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          v[kk] = lds128(stage + v_off + uint32_t((16 * ks + (kk & 1) + 8 * (kk >> 1)) * kKeyStride));
+        for (int kk = 0; kk < 4; ++kk) v[kk] = lds128(stage + v_off + uint32_t((16 * ks + 4 * kk) * kKeyStride));
       };
       read_v(vr[0], 0);
       named_bar_sync(kBarPFull + pb, 2 * kWg);  // P and the rescale factors of tile t are written
@@ -391,6 +391,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       l[i] = 0.0f;
     }
     const int key_a = 16 * warp + g;  // this thread's score rows: keys key_a and key_a + 8 of each tile
+    // Their positions in P's rows (key step 16·warp, the Vᵀ fragments' key order: key 16s + q + 4m at position
+    // 16s + 2q + m % 2 + 8·(m / 2)): pos_a and pos_a + 8.
+    const int pos_a = 16 * warp + 2 * (g & 3) + (g >> 2);
     const uint32_t q_lo = kmajor_lo(smem_addr(q_s));
     const uint32_t k_off = uint32_t(key_a * kKeyStride + 16 * qd);  // K fragments: dims 16·qd (+ 64 per block)
     float s[kAcc];                                                  // scores: keys key_a (+ 8), query rows n(i)
@@ -483,8 +486,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
         const float pb2 = fast_exp2(fmaf(s[4 * j + 2 + e], row_scale[i], neg_m));
         l[i] = l[i] * alpha + (pa + pb2);
         uint8_t* const prow = p_t + n * 128;
-        *reinterpret_cast<__half*>(prow + (((key_a >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) = __float2half_rn(pa);
-        *reinterpret_cast<__half*>(prow + ((((key_a + 8) >> 3) ^ (n & 7)) << 4) + (key_a & 7) * 2) =
+        *reinterpret_cast<__half*>(prow + (((pos_a >> 3) ^ (n & 7)) << 4) + (pos_a & 7) * 2) = __float2half_rn(pa);
+        *reinterpret_cast<__half*>(prow + ((((pos_a + 8) >> 3) ^ (n & 7)) << 4) + (pos_a & 7) * 2) =
             __float2half_rn(pb2);
         if (warp == 0 && g == 0) alpha_t[n] = alpha;
       }
