@@ -37,8 +37,10 @@
 //   warpgroup 0, the scores: query rows (once), then per tile: K fragments and Sᵀ, release of the stage, mask,
 //     column maxima of its 4 warps (named barrier), P and O's rescale factors → buffer t % 2, handed over by a
 //     named barrier.
-//   warpgroup 1, the products: per tile, O rescaled, Vᵀ fragments and Oᵀ += Vᵀ·Pᵀ, P buffer and stage released.
-//   The scores of tile t + 1 run while the products of tile t do.
+//   warpgroup 1, the products: per tile, O rescaled (only when a row's maximum moved; then after the previous
+//     tile's products), Vᵀ fragments and Oᵀ += Vᵀ·Pᵀ, the stage released; the previous tile's P buffer released once
+//     this tile's first groups have retired its products. The scores of tile t + 1 run while the products of tile t
+//     do, and the products of consecutive tiles overlap unless a maximum moved.
 //
 // Shared memory:
 //   kv     [5 stages][64 keys][576 B]      fp8 key rows; at the end the normalized Oᵀ, transposed
@@ -102,9 +104,9 @@ static_assert(F8Smem<32>::total <= 227 * 1024, "shared memory of one Hopper CTA"
 
 // Register buffers of K and Vᵀ fragments in flight (each feeds a group of two wgmmas; a group's buffer is
 // rewritten once the group kBufs later may start). 18 groups of K and 16 of V per tile: the buffer of each group
-// is a compile-time constant.
+// is a compile-time constant. 32 rows keep two Vᵀ buffers (O takes 128 registers).
 template <int N>
-constexpr int kKBufs = N == 16 ? 3 : 2;
+constexpr int kKBufs = 3;
 template <int N>
 constexpr int kVBufs = N == 16 ? 4 : 2;
 
@@ -261,16 +263,28 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       };
       read_v(vr[0], 0);
       named_bar_sync(kBarPFull + pb, 2 * kWg);  // P and the rescale factors of tile t are written
-      if (t > 0) {
+      {
+        // O is rescaled only when a row's maximum moved (then the products of tile t − 1 are waited for first);
+        // otherwise they may still run while tile t's are issued. Every warp holds all N rows: the same decision.
         const float* const alpha = reinterpret_cast<const float*>(smem + L::alpha) + pb * N;
+        float a[kCols];
+        bool moved = false;
 #pragma unroll
         for (int i = 0; i < kCols; ++i) {
-          const float a = alpha[8 * (i / 2) + 2 * qd + (i & 1)];
+          a[i] = alpha[8 * (i / 2) + 2 * qd + (i & 1)];
+          moved |= a[i] != 1.0f;
+        }
+        if (t > 0 && __any_sync(0xffffffffu, moved)) {
+          wgmma_wait<0>();
 #pragma unroll
-          for (int b = 0; b < 8; ++b) {
-            o[b][4 * (i / 2) + (i & 1)] *= a;
-            o[b][4 * (i / 2) + 2 + (i & 1)] *= a;
-          }
+          for (int b = 0; b < 8; ++b) fence_regs(o[b]);
+#pragma unroll
+          for (int i = 0; i < kCols; ++i)
+#pragma unroll
+            for (int b = 0; b < 8; ++b) {
+              o[b][4 * (i / 2) + (i & 1)] *= a[i];
+              o[b][4 * (i / 2) + 2 + (i & 1)] *= a[i];
+            }
         }
       }
 #pragma unroll
@@ -297,16 +311,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
           wgmma_commit();
         }
       }
-      wgmma_wait<0>();
-#pragma unroll
-      for (int b = 0; b < 8; ++b) fence_regs(o[b]);
-      if (t + 2 < ntiles) named_bar_arrive(kBarPEmpty + pb, 2 * kWg);  // P buffer pb is free for tile t + 2
-      mbar_arrive(bar_addr(empty, st));                                // and this thread's reads of the stage done
+      // The groups above waited for every product of tile t − 1: its P buffer is free for tile t + 1.
+      if (t > 0 && t + 1 < ntiles) named_bar_arrive(kBarPEmpty + (pb ^ 1), 2 * kWg);
+      mbar_arrive(bar_addr(empty, st));  // this thread's reads of the stage are done
       if (++st == kStages) {
         st = 0;
         phase ^= 1;
       }
     }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int b = 0; b < 8; ++b) fence_regs(o[b]);
     named_bar_sync(kBarSums, 2 * kWg);  // the row sums and LSE are in shared memory; every tile is consumed
 
     // ---- normalized Oᵀ → the ring as [N rows][kOutStride] fp32 (every copy has landed) ----
