@@ -61,12 +61,14 @@
 #include "cuda/decode_kernel.cuh"
 #include "cuda/f16_scaling.h"
 #include "cuda/sm90_decode.h"
+#include "cuda/sm90_fp8_fragments.h"
 #include "cuda/sm90_ptx.cuh"
 
 namespace mladcp::cuda_impl {
 namespace {
 
 using namespace sm90;
+namespace fr = sm90_fp8_fragments;
 
 constexpr int kTile = 64;          // keys per tile
 constexpr int kStages = 5;         // tiles in the ring
@@ -76,7 +78,8 @@ constexpr int kThreads = 3 * kWg;  // the scores and the products warpgroups, th
 // warps 1-3 exit at once), the two others take them: 128 · (168 − 56) = 256 · (224 − 168).
 constexpr int kCopierRegs = 56, kMmaRegs = 224;
 static_assert(kWg * kCopierRegs + 2 * kWg * kMmaRegs <= 168 * kThreads, "register budget");
-constexpr int kKeyStride = kF8RowBytes;          // 576: bytes per key row in the ring (as in a dense cache page)
+constexpr int kKeyStride = kF8RowBytes;  // 576: bytes per key row in the ring (as in a dense cache page)
+static_assert(kKeyStride == fr::kKeyBytes, "the fragment maps' key rows");
 constexpr int kStageBytes = kTile * kKeyStride;  // 36864
 constexpr int kOutStride = kLatentDim + 4;       // floats per row of the transposed output (conflict-free stores)
 // Named barriers (0 is __syncthreads): the scores warpgroup among itself; P of tile t (buffer t % 2) written
@@ -245,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   if (tid >= kWg) {
     // ==== the products warpgroup: Oᵀ += Vᵀ·Pᵀ per tile, O in registers ====
     // Vᵀ fragments: keys qd (+ 4, 8, 12, and 16 per key step) at dims 16·(8·warp + g) .. + 15.
-    const uint32_t v_off = uint32_t(qd * kKeyStride + 16 * (8 * warp + g));
+    const uint32_t v_off = fr::v_read_offset(warp, g, qd, 0, 0);
     float o[8][kAcc];  // dim block b: dims 16·(8·warp + g) + b (+ 8), query rows n(i)
     uint32_t vf[VB][2][4];
     int st = 0;
@@ -259,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       uint4 vr[2][4];
       auto read_v = [&](uint4(&v)[4], int ks) {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) v[kk] = lds128(stage + v_off + uint32_t((16 * ks + 4 * kk) * kKeyStride));
+        for (int kk = 0; kk < 4; ++kk) v[kk] = lds128(stage + v_off + fr::v_read_offset(0, 0, 0, ks, kk));
       };
       read_v(vr[0], 0);
       named_bar_sync(kBarPFull + pb, 2 * kWg);  // P and the rescale factors of tile t are written
@@ -382,8 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const float2 f = bf16x2_to_float2(word(qv[c], k));
-          const int u = 2 * (ch & 7) + (k >> 1);  // dims 4u .. 4u + 3 of column block ch / 8
-          const int pos = 16 * (u & 3) + 2 * (u >> 2) + 8 * (k & 1);
+          const int pos = fr::query_pair_position(2 * (ch & 7) + (k >> 1), k & 1);  // dims 8·ch + 2k, + 1
           *reinterpret_cast<uint32_t*>(q_s + (ch >> 3) * (N * 128) + r * 128 + (((pos >> 3) ^ (r & 7)) << 4) +
                                        (pos & 7) * 2) = pack_f16(f.x * up, f.y * up);
         }
@@ -405,14 +407,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       m[i] = -INFINITY;
       l[i] = 0.0f;
     }
-    const int key_a = 16 * warp + g;  // this thread's score rows: keys key_a and key_a + 8 of each tile
-    // Their positions in P's rows (key step 16·warp, the Vᵀ fragments' key order: key 16s + q + 4m at position
-    // 16s + 2q + m % 2 + 8·(m / 2)): pos_a and pos_a + 8.
-    const int pos_a = 16 * warp + 2 * (g & 3) + (g >> 2);
+    const int key_a = 16 * warp + g;          // this thread's score rows: keys key_a and key_a + 8 of each tile
+    const int pos_a = fr::p_position(key_a);  // its position in P's rows (the Vᵀ fragments' key order); key_a + 8: + 8
+    static_assert(fr::p_position(8) == fr::p_position(0) + 8, "P positions of keys key_a and key_a + 8");
     const uint32_t q_lo = kmajor_lo(smem_addr(q_s));
-    const uint32_t k_off = uint32_t(key_a * kKeyStride + 16 * qd);  // K fragments: dims 16·qd (+ 64 per block)
-    float s[kAcc];                                                  // scores: keys key_a (+ 8), query rows n(i)
-    float s_odd[kAcc];  // the odd column blocks' part (two independent accumulator chains)
+    const uint32_t k_off =
+        fr::k_read_offset(warp, g, qd, 0, 0);  // K fragments: keys key_a, + 8 at dims 16·qd (+ 64 per block)
+    float s[kAcc];                             // scores: keys key_a (+ 8), query rows n(i)
+    float s_odd[kAcc];                         // the odd column blocks' part (two independent accumulator chains)
     uint32_t kf[KB][2][4];
 
     int st = 0;

@@ -16,6 +16,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_test_util.h"
 #include "cuda/f16_scaling.h"
+#include "cuda/sm90_fp8_fragments.h"
 #include "cuda/sm90_fp8_ring_layout.h"
 
 namespace mladcp::test {
@@ -202,6 +203,73 @@ TEST(Sm90Fp8Ring, InPlaceExpansionReadsEveryByteBeforeItIsOverwritten) {
         EXPECT_LE(int(r::fp8_block_offset(j2)) + r::kF8BlockBytes, s0) << "fp8 blocks " << j2 << ", " << j;
     }
     EXPECT_TRUE(r::convert_sync_after(end - 1)) << "the half's last block must be released";
+  }
+}
+
+// The fp8 kernel's fragment maps, replayed on the host: the query rows and P are stored in the order the K and Vᵀ
+// fragments take their dims and keys (so the products are those of the natural order), each thread's 16-byte reads
+// hold exactly its fragments' bytes, and the reads' bank conflicts are as documented (K none, Vᵀ two-way). Fails if
+// either side of a map changes alone.
+TEST(Sm90Fp8Fragments, StoredOrdersMatchTheFragmentsAndReadsHitTheirBytes) {
+  namespace f = cuda_impl::sm90_fp8_fragments;
+  std::vector<int> seen_q(64, 0), seen_p(64, 0);
+  for (int j = 0; j < 4; ++j)
+    for (int n = 0; n < 16; ++n) {
+      const int l = f::k_fragment_dim(j, n);
+      ASSERT_TRUE(l >= 0 && l < 64) << j << " " << n;
+      EXPECT_EQ(f::query_position(l), 16 * j + n) << "k-step " << j << " column " << n;
+      ++seen_q[f::query_position(l)];
+      for (int s = 0; s < 4; ++s) EXPECT_EQ(f::p_position(16 * s + f::v_fragment_key(n)), 16 * s + n) << s << " " << n;
+    }
+  for (int u = 0; u < 64; ++u) ++seen_p[f::p_position(u)];
+  for (int i = 0; i < 64; ++i) EXPECT_TRUE(seen_q[i] == 1 && seen_p[i] == 1) << "position " << i;
+  for (int u = 0; u < 16; ++u)
+    for (int h = 0; h < 2; ++h) EXPECT_EQ(f::query_pair_position(u, h) + 1, f::query_position(4 * u + 2 * h + 1));
+
+  // Fragment columns of lane q in a k-step (a0/a1: 2q, 2q + 1; a2/a3: 2q + 8, 2q + 9), by byte of a 4-byte group.
+  auto column = [](int q, int b) { return 2 * q + (b & 1) + 8 * (b >> 1); };
+  // Bank groups (16-byte slots of a 128-byte line) of one read instruction's quarter warps: the largest number of
+  // lanes of a quarter warp on one slot at different addresses (1: conflict-free).
+  auto worst_conflict = [](const std::vector<uint32_t>& addr) {
+    int worst = 1;
+    for (int q0 = 0; q0 < 32; q0 += 8)
+      for (int a = q0; a < q0 + 8; ++a) {
+        int same = 0;
+        for (int b = q0; b < q0 + 8; ++b) same += (addr[b] / 16) % 8 == (addr[a] / 16) % 8 && addr[b] != addr[a];
+        worst = std::max(worst, same + 1);
+      }
+    return worst;
+  };
+  for (int w = 0; w < 4; ++w) {
+    for (int c = 0; c < 9; ++c)
+      for (int h = 0; h < 2; ++h) {
+        std::vector<uint32_t> addr(32);
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane >> 2, q = lane & 3;
+          const uint32_t off = f::k_read_offset(w, g, q, h, c);
+          addr[lane] = off;
+          ASSERT_EQ(int(off / f::kKeyBytes), 16 * w + g + 8 * h) << "the key of fragment row " << g + 8 * h;
+          for (int j = 0; j < 4; ++j)
+            for (int b = 0; b < 4; ++b)  // byte 4j + b of the read is column column(q, b) of k-step 4c + j
+              EXPECT_EQ(int(off % f::kKeyBytes) + 4 * j + b, 64 * c + f::k_fragment_dim(j, column(q, b)))
+                  << "warp " << w << " lane " << lane << " block " << c;
+        }
+        EXPECT_EQ(worst_conflict(addr), 1) << "K reads, warp " << w << " block " << c;
+      }
+    for (int s = 0; s < 4; ++s)
+      for (int kk = 0; kk < 4; ++kk) {
+        std::vector<uint32_t> addr(32);
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane >> 2, q = lane & 3;
+          const uint32_t off = f::v_read_offset(w, g, q, s, kk);
+          addr[lane] = off;
+          // The kk-th key of lane q is fragment column column(q, kk): registers a0 (keys of columns 2q, 2q + 1) and
+          // a2 (2q + 8, 2q + 9) pair keys kk = 0, 1 and 2, 3.
+          EXPECT_EQ(int(off / f::kKeyBytes), 16 * s + f::v_fragment_key(column(q, kk))) << w << " " << lane;
+          EXPECT_EQ(int(off % f::kKeyBytes), 16 * (8 * w + g)) << "dims of rows " << g << ", " << g + 8;
+        }
+        EXPECT_LE(worst_conflict(addr), 2) << "Vᵀ reads, warp " << w << " key step " << s;
+      }
   }
 }
 
