@@ -407,9 +407,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       m[i] = -INFINITY;
       l[i] = 0.0f;
     }
-    const int key_a = 16 * warp + g;          // this thread's score rows: keys key_a and key_a + 8 of each tile
-    const int pos_a = fr::p_position(key_a);  // its position in P's rows (the Vᵀ fragments' key order); key_a + 8: + 8
-    static_assert(fr::p_position(8) == fr::p_position(0) + 8, "P positions of keys key_a and key_a + 8");
+    const int key_a = 16 * warp + g;  // this thread's score rows: keys key_a and key_a + 8 of each tile
+    // Its position in P's rows (the Vᵀ fragments' key order: fr::p_position(key_a), written out); key_a + 8: + 8.
+    const int pos_a = 16 * warp + 2 * (g & 3) + (g >> 2);
+    static_assert(
+        [] {
+          for (int k = 0; k < 64; ++k)
+            if ((k & 8) == 0 && (16 * (k >> 4) + 2 * (k & 3) + ((k >> 2) & 1) != fr::p_position(k) ||
+                                 fr::p_position(k + 8) != fr::p_position(k) + 8))
+              return false;
+          return true;
+        }(),
+        "P positions of keys key_a and key_a + 8");
     const uint32_t q_lo = kmajor_lo(smem_addr(q_s));
     const uint32_t k_off =
         fr::k_read_offset(warp, g, qd, 0, 0);  // K fragments: keys key_a, + 8 at dims 16·qd (+ 64 per block)

@@ -34,9 +34,7 @@ MLADCP_HD constexpr int query_position(int l) { return query_pair_position(l >> 
 MLADCP_HD constexpr int v_fragment_key(int n) { return ((n & 7) >> 1) + 4 * ((n & 1) + 2 * (n >> 3)); }
 
 // Position in a P row (64 keys) of key u (0-63): the inverse of v_fragment_key within each key step.
-MLADCP_HD constexpr int p_position(int u) {
-  return 16 * (u >> 4) + 2 * (u & 3) + ((u >> 2) & 1) + 8 * ((u >> 3) & 1);
-}
+MLADCP_HD constexpr int p_position(int u) { return 16 * (u >> 4) + 2 * (u & 3) + ((u >> 2) & 1) + 8 * ((u >> 3) & 1); }
 
 // Byte offsets in a stage of the 16-byte reads of the thread (warp w, lane 4g + q): K rows (key 16w + g, + 8h) at
 // column block c; Vᵀ keys (key step s, the thread's kk-th key: q + 4kk) at its 16 dims.
