@@ -182,6 +182,7 @@ __device__ __forceinline__ void copy_tiles(const DecodeKernelParams& p, uint8_t*
       }
     }
     fence_proxy_async();  // the zeros before later bulk copies into the same bytes
+    __syncwarp();         // and before lane 0's arrival below, which releases them to the warpgroups
     const uint64_t bits =
         uint64_t(__ballot_sync(0xffffffffu, present[0])) | (uint64_t(__ballot_sync(0xffffffffu, present[1])) << 32);
     const uint32_t bar = bar_addr(full, st);
@@ -296,7 +297,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
 #pragma unroll
         for (int bp = 0; bp < 4; ++bp) {
           const int grp = 4 * ks + bp, b = grp % VB;
-          if (grp >= VB) wgmma_wait<VB - 1>();  // group grp − VB is done with buffer b
+          // Group grp − VB of this tile is done with buffer b. (The first VB groups do not wait: the previous
+          // tile's last groups may still read fragments of the same buffer index, which are other values, so other
+          // registers: each group's fragments are defined anew in this iteration.)
+          if (grp >= VB) wgmma_wait<VB - 1>();
           // Bytes 2·(bp % 2), + 1 of word bp / 2 (h = 0: dims + 0..7) or 2 + bp / 2 (h = 1: dims + 8..15) of
           // two keys, paired: [x_j, y_j, x_j+1, y_j+1] → dim blocks 2·bp and 2·bp + 1.
           const uint32_t sel = bp & 1 ? 0x7362u : 0x5140u;
