@@ -28,6 +28,10 @@
 #   MLADCP_PEERPROFILE_CONFIGS  peerprofile stage: configs.txt lines, one per line (default 128 h × 16 × 64K)
 #   MLADCP_GPU_VARIANTS      variants stage: "NAME=-DMACRO=V[,-DMACRO2=V2] ..." (Hopper kernels rebuilt per variant)
 #   MLADCP_VARIANT_POLICY    variants stage: the peer bench policy timed (default; fp8 for the fp8 kernel)
+#   MLADCP_GPU_VARIANT_DIRS  variants stage: "NAME=DIR ..." of binaries built elsewhere from edited trees
+#                            (tools/gpu/build_variant.sh NAME: cuda_decode_test and mladcp_peer_bench in build/var/NAME;
+#                            carry build/var): each variant's tests (MLADCP_VARIANT_TESTS, default Sm90*:CudaSanitize*)
+#                            run, then it is timed as "mladcp-var-NAME"; no build on the GPU machine
 #   MLADCP_GPU_NCCL=ON       build the NCCL communicator too (the Python module's DcpDecoder tests use it)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -193,6 +197,25 @@ if want variants; then
     else
       note "variant $name ($defs): build FAILED (see build.log)"
     fi
+  done
+  for spec in ${MLADCP_GPU_VARIANT_DIRS:-}; do
+    name="${spec%%=*}" dir="${spec#*=}"
+    if [ ! -x "$dir/mladcp_peer_bench" ]; then
+      note "variant $name: no mladcp_peer_bench in $dir"
+      continue
+    fi
+    if [ -x "$dir/cuda_decode_test" ]; then
+      echo "## variant $name: $dir/cuda_decode_test" >>"$out/variants.log"
+      timeout "$(cap 180 10)" "$dir/cuda_decode_test" --gtest_filter="${MLADCP_VARIANT_TESTS:-Sm90*:CudaSanitize*}" \
+        >>"$out/variants.log" 2>&1
+      vrc=$?
+      note "variant $name ($dir): tests rc $vrc ($(grep -E '^\[  (PASSED|FAILED)  \]' "$out/variants.log" | tail -n 1))"
+    fi
+    for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
+      timeout "$(cap 200 10)" "$dir/mladcp_peer_bench" --configs "$cfgs" --policies "${MLADCP_VARIANT_POLICY:-default}" 2>&1 |
+        sed -E "s/^RESULT mladcp(-fp8)? /RESULT mladcp\1-var-$name /" >>"$out/peers.log"
+    done
+    note "variant $name ($dir): timed"
   done
   python3 tools/gpu/peer_table.py "$out/peers.log" --md "$root/build/peers.md"
 fi

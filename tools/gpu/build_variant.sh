@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds this tree's GPU test and peer bench (Release, sm_90a, as tools/gpu/run.sh builds them) here, on the machine
+# without a GPU, and keeps them as variant NAME in build/var/NAME. Edit the sources, build a variant, repeat; then one
+# GPU call tests and times them all without building there:
+#
+#   tools/gpu/build_variant.sh base        (the tree as it is)
+#   ... edit src/cuda/... ...
+#   tools/gpu/build_variant.sh try1
+#   on the GPU machine (carry build/var and .deps):
+#   MLADCP_GPU_VARIANT_DIRS="base=build/var/base try1=build/var/try1" MLADCP_PEERS_MLADCP_ONLY=1 \
+#     MLADCP_VARIANT_POLICY=fp8 MLADCP_PEER_CONFIGS=tools/gpu/fp8_configs.txt tools/gpu/run.sh variants
+#
+# About 14 MB per variant (the carry limit is 64 MiB in all). Needs .deps (tools/gpu/prepare_deps.sh).
+set -euo pipefail
+[ $# -eq 1 ] || { echo "usage: $0 NAME" >&2; exit 2; }
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="$root/build/gpu-variant"
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLADCP_DEPS_DIR="$root/.deps" -DMLADCP_WITH_CUDA=ON \
+  -DMLADCP_WITH_NCCL=OFF -DMLADCP_WITH_MPI=OFF -DMLADCP_BUILD_APPS=OFF -DMLADCP_BUILD_BENCH=ON -DMLADCP_BUILD_TESTS=ON \
+  -DMLADCP_CUDA_GENCODE_PORTABLE= >/dev/null
+ninja -C "$build" cuda_decode_test mladcp_peer_bench
+dest="$root/build/var/$1"
+mkdir -p "$dest"
+cp "$build/tests/cuda/cuda_decode_test" "$build/bench/gpu/mladcp_peer_bench" "$dest/"
+echo "$(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo '+local') -> $dest"
