@@ -141,6 +141,14 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
+// Where tile t of the CTA's split sits in the ring: its stage (t % kStages) and the parity of its mbarrier phases
+// (t / kStages % 2), advanced tile by tile by the copier and both warpgroups.
+struct RingSlot {
+  int st = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void next() {}
+};
+
 // The copying warp: every tile of the CTA's split into the ring. Lane i looks up keys i and i + 32 of a tile; a
 // present key that starts a run of keys of one page (the tile's first key, a page's first key; every key when the
 // cache's rows are not dense) copies the run with one bulk copy. Absent keys are zero-filled, so no stale byte of
@@ -163,13 +171,13 @@ __device__ __forceinline__ void copy_tiles(const DecodeKernelParams& p, uint8_t*
     return page < p.max_blocks_per_seq ? __ldg(bt_row + page) : -1;
   };
   int32_t next[2] = {block_id(0, 0), block_id(0, 1)};
-  int st = 0;
-  uint32_t phase = 0;
-  for (int t = 0; t < ntiles; ++t) {
+  RingSlot slot;
+  for (int t = 0; t < ntiles; ++t, slot.next()) {
+    const int st = slot.st;
     const int32_t cur[2] = {next[0], next[1]};
     next[0] = block_id(t + 1, 0);
     next[1] = block_id(t + 1, 1);
-    if (t >= kStages) mbar_wait(bar_addr(empty, st), phase ^ 1);  // both warpgroups are done with tile t − 5
+    if (t >= kStages) mbar_wait(bar_addr(empty, st), slot.phase ^ 1);  // both warpgroups are done with tile t − 5
     const uint32_t stage = kv + uint32_t(st * kStageBytes);
     bool present[2];
 #pragma unroll
@@ -199,10 +207,6 @@ __device__ __forceinline__ void copy_tiles(const DecodeKernelParams& p, uint8_t*
       const int len = dense ? min(min(kTile - j, p.block_size - row), k_end - k) : 1;
       const uint8_t* const src = p.kv + int64_t(cur[h]) * p.kv_stride_block + int64_t(row) * p.kv_stride_token;
       bulk_copy(stage + uint32_t(j * kKeyStride), src, uint32_t(len * kF8RowBytes), bar, policy);
-    }
-    if (++st == kStages) {
-      st = 0;
-      phase ^= 1;
     }
   }
 }
@@ -252,11 +256,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
     const uint32_t v_off = fr::v_read_offset(warp, g, qd, 0, 0);
     float o[8][kAcc];  // dim block b: dims 16·(8·warp + g) + b (+ 8), query rows n(i)
     uint32_t vf[VB][2][4];
-    int st = 0;
-    uint32_t phase = 0;
-    for (int t = 0; t < ntiles; ++t) {
-      const int pb = t & 1;
-      mbar_wait(bar_addr(full, st), phase);  // tile t is in stage st
+    RingSlot slot;
+    for (int t = 0; t < ntiles; ++t, slot.next()) {
+      const int pb = t & 1, st = slot.st;
+      mbar_wait(bar_addr(full, st), slot.phase);  // tile t is in stage st
       const uint32_t stage = kv_addr + uint32_t(st * kStageBytes);
       // Per key step, four 16-byte reads (keys qd, + 4, + 8, + 12) give the fragments of all 8 dim blocks, two
       // blocks per group; the reads of the next key step are issued before the current one's conversions.
@@ -321,10 +324,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       // The groups above waited for every product of tile t − 1: its P buffer is free for tile t + 1.
       if (t > 0 && t + 1 < ntiles) named_bar_arrive(kBarPEmpty + (pb ^ 1), 2 * kWg);
       mbar_arrive(bar_addr(empty, st));  // this thread's reads of the stage are done
-      if (++st == kStages) {
-        st = 0;
-        phase ^= 1;
-      }
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -430,11 +429,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
     float s_odd[kAcc];                         // the odd column blocks' part (two independent accumulator chains)
     uint32_t kf[KB][2][4];
 
-    int st = 0;
-    uint32_t phase = 0;
-    for (int t = 0; t < ntiles; ++t) {
-      const int pb = t & 1;
-      mbar_wait(bar_addr(full, st), phase);  // tile t is in stage st
+    RingSlot slot;
+    for (int t = 0; t < ntiles; ++t, slot.next()) {
+      const int pb = t & 1, st = slot.st;
+      mbar_wait(bar_addr(full, st), slot.phase);  // tile t is in stage st
       const uint64_t okb = ok_s[st];
       const uint32_t stage = kv_addr + uint32_t(st * kStageBytes);
       // Sᵀ over 576 dims: column block c's two 16-byte reads (keys key_a, key_a + 8) give 4 k-steps, two per group.
@@ -523,10 +521,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       }
       fence_proxy_async();
       named_bar_arrive(kBarPFull + pb, 2 * kWg);  // P and the rescale factors of tile t are written
-      if (++st == kStages) {
-        st = 0;
-        phase ^= 1;
-      }
     }
 
     // ---- row sums of the 64 keys of the 4 warps; base-2 LSE ----
