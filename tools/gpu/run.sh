@@ -177,7 +177,15 @@ if want variants; then
   # "NAME=-DMACRO=V[,-DMACRO2=V2]" of MLADCP_GPU_VARIANTS, only the two Hopper kernels' objects are recompiled
   # with those definitions and mladcp_peer_bench relinked (the commands ninja would run), then timed on the
   # peers' configurations (MLADCP_VARIANT_POLICY, default "default"; "fp8" for the fp8 kernel) as
-  # "mladcp-var-NAME"; the peers table is printed again with them.
+  # "mladcp-var-NAME"; the peers table is printed again with them. MLADCP_GPU_VARIANT_DIRS: the same for
+  # variants built elsewhere (tools/gpu/build_variant.sh), whose Hopper tests run first.
+  time_variant() {  # NAME BENCH: BENCH on the peers' configurations, its rows labelled as variant NAME
+    local cfgs
+    for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
+      timeout "$(cap 200 10)" "$2" --configs "$cfgs" --policies "${MLADCP_VARIANT_POLICY:-default}" 2>&1 |
+        sed -E "s/^RESULT mladcp(-fp8)? /RESULT mladcp\1-var-$1 /" >>"$out/peers.log"
+    done
+  }
   cmds="$(ninja -C "$build" -t commands mladcp_peer_bench)"
   compile="$(grep -E '/sm90_decode_kernel.cu.o ' <<<"$cmds" | grep -- ' -c ' | head -n1)"
   compile_fp8="$(grep -E '/sm90_fp8_decode_kernel.cu.o ' <<<"$cmds" | grep -- ' -c ' | head -n1)"
@@ -188,11 +196,7 @@ if want variants; then
     name="${spec%%=*}" defs="${spec#*=}"
     if (cd "$build" && eval "${compile/ -c / ${defs//,/ } -c }" && eval "${compile_fp8/ -c / ${defs//,/ } -c }" &&
       eval "$archive" && eval "$link") >>"$out/build.log" 2>&1; then
-      for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
-        timeout "$(cap 200 10)" "$build/bench/gpu/mladcp_peer_bench" --configs "$cfgs" \
-          --policies "${MLADCP_VARIANT_POLICY:-default}" 2>&1 |
-          sed -E "s/^RESULT mladcp(-fp8)? /RESULT mladcp\1-var-$name /" >>"$out/peers.log"
-      done
+      time_variant "$name" "$build/bench/gpu/mladcp_peer_bench"
       note "variant $name ($defs): timed"
     else
       note "variant $name ($defs): build FAILED (see build.log)"
@@ -211,10 +215,7 @@ if want variants; then
       vrc=$?
       note "variant $name ($dir): tests rc $vrc ($(grep -E '^\[  (PASSED|FAILED)  \]' "$out/variants.log" | tail -n 1))"
     fi
-    for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
-      timeout "$(cap 200 10)" "$dir/mladcp_peer_bench" --configs "$cfgs" --policies "${MLADCP_VARIANT_POLICY:-default}" 2>&1 |
-        sed -E "s/^RESULT mladcp(-fp8)? /RESULT mladcp\1-var-$name /" >>"$out/peers.log"
-    done
+    time_variant "$name" "$dir/mladcp_peer_bench"
     note "variant $name ($dir): timed"
   done
   python3 tools/gpu/peer_table.py "$out/peers.log" --md "$root/build/peers.md"
