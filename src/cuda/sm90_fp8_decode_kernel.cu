@@ -146,7 +146,12 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 struct RingSlot {
   int st = 0;
   uint32_t phase = 0;
-  __device__ __forceinline__ void next() {}
+  __device__ __forceinline__ void next() {
+    if (++st == kStages) {
+      st = 0;
+      phase ^= 1;
+    }
+  }
 };
 
 // The copying warp: every tile of the CTA's split into the ring. Lane i looks up keys i and i + 32 of a tile; a
