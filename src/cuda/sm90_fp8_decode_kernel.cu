@@ -34,9 +34,11 @@
 //     one bulk copy per present run of keys of one page (per key where the cache's rows are not dense) into the
 //     tile's stage, completing on the stage's `full` mbarrier; absent keys (past the split, on an invalid block id)
 //     zero-filled; the present keys as 64 bits in `ok`.
-//   warpgroup 0, the scores: query rows (once), then per tile: K fragments and Sᵀ, release of the stage, mask,
-//     column maxima of its 4 warps (named barrier), P and O's rescale factors → buffer t % 2, handed over by a
-//     named barrier.
+//   warpgroup 0, the scores: query rows (once), then per tile: K fragments and Sᵀ, release of the stage, mask, P
+//     and O's rescale factors → buffer t % 2, handed over by a named barrier. A row's running maximum is raised only
+//     when a score exceeds it by more than kMaxSlack (8 in base 2: P ≤ 256 in f16): one barrier ORs the threads'
+//     verdicts, and only then are the column maxima of the 4 warps gathered and O rescaled. Past a row's first keys
+//     that is rare, so most tiles take no cross-warp maxima and no rescale (12-17% faster at 16 heads).
 //   warpgroup 1, the products: per tile, O rescaled (only when a row's maximum moved; then after the previous
 //     tile's products), Vᵀ fragments and Oᵀ += Vᵀ·Pᵀ, the stage released; the previous tile's P buffer released once
 //     this tile's first groups have retired its products. The scores of tile t + 1 run while the products of tile t
@@ -81,7 +83,9 @@ static_assert(kWg * kCopierRegs + 2 * kWg * kMmaRegs <= 168 * kThreads, "registe
 constexpr int kKeyStride = kF8RowBytes;  // 576: bytes per key row in the ring (as in a dense cache page)
 static_assert(kKeyStride == fr::kKeyBytes, "the fragment maps' key rows");
 constexpr int kStageBytes = kTile * kKeyStride;  // 36864
-constexpr int kOutStride = kLatentDim + 4;       // floats per row of the transposed output (conflict-free stores)
+// A row's running maximum (base-2 logits) is raised only for scores above it by more than this: P ≤ 2^8 in f16.
+constexpr float kMaxSlack = 8.0f;
+constexpr int kOutStride = kLatentDim + 4;  // floats per row of the transposed output (conflict-free stores)
 // Named barriers (0 is __syncthreads): the scores warpgroup among itself; P of tile t (buffer t % 2) written
 // (scores → products) and read (products → scores); the row sums written.
 constexpr int kBarScores = 1, kBarPFull = 2 /* + buffer */, kBarPEmpty = 4 /* + buffer */, kBarSums = 6, kBarOut = 7,
@@ -108,10 +112,27 @@ static_assert(F8Smem<32>::total <= 227 * 1024, "shared memory of one Hopper CTA"
 // Register buffers of K and Vᵀ fragments in flight (each feeds a group of two wgmmas; a group's buffer is
 // rewritten once the group kBufs later may start). 18 groups of K and 16 of V per tile: the buffer of each group
 // is a compile-time constant. 32 rows keep two Vᵀ buffers (O takes 128 registers).
+// Tunables, overridable with -D for timing variants (tools/gpu/run.sh variants; H200, 2026-12-02: 3, 6 or 9 K buffers
+// and 4 or 6 Vᵀ buffers within 1%; K reads 2, 3 or 4 column blocks deep: 4 is 1.5-2% faster than 2).
+#ifndef MLADCP_FP8_KBUFS
+#define MLADCP_FP8_KBUFS 3
+#endif
+#ifndef MLADCP_FP8_VBUFS16
+#define MLADCP_FP8_VBUFS16 4
+#endif
+#ifndef MLADCP_FP8_VBUFS32
+#define MLADCP_FP8_VBUFS32 2
+#endif
+#ifndef MLADCP_FP8_KREADS
+#define MLADCP_FP8_KREADS 4
+#endif
 template <int N>
-constexpr int kKBufs = 3;
+constexpr int kKBufs = MLADCP_FP8_KBUFS;
 template <int N>
-constexpr int kVBufs = N == 16 ? 4 : 2;
+constexpr int kVBufs = N == 16 ? MLADCP_FP8_VBUFS16 : MLADCP_FP8_VBUFS32;
+constexpr int kKReads = MLADCP_FP8_KREADS;  // K's 16-byte reads run kKReads − 1 column blocks ahead of the conversions
+template <int N>
+constexpr int kVBufs = N == 16 ? MLADCP_FP8_VBUFS16 : MLADCP_FP8_VBUFS32;
 
 // wgmma.m64nNk16 (f16 in, fp32 accumulate), A (64 × 16) from registers, B (16 × N, K-major) from shared memory.
 __device__ __forceinline__ void wgmma_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t b, int accumulate) {
@@ -441,14 +462,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       const uint64_t okb = ok_s[st];
       const uint32_t stage = kv_addr + uint32_t(st * kStageBytes);
       // Sᵀ over 576 dims: column block c's two 16-byte reads (keys key_a, key_a + 8) give 4 k-steps, two per group.
-      uint4 kr[2][2];
-      kr[0][0] = lds128(stage + k_off);
-      kr[0][1] = lds128(stage + k_off + 8 * kKeyStride);
+      // The reads run kKReads − 1 column blocks ahead of the conversions.
+      uint4 kr[kKReads][2];
+#pragma unroll
+      for (int c = 0; c + 1 < kKReads; ++c) {
+        kr[c][0] = lds128(stage + k_off + 64 * c);
+        kr[c][1] = lds128(stage + k_off + 8 * kKeyStride + 64 * c);
+      }
 #pragma unroll
       for (int c = 0; c < 9; ++c) {
-        if (c + 1 < 9) {
-          kr[(c + 1) & 1][0] = lds128(stage + k_off + 64 * (c + 1));
-          kr[(c + 1) & 1][1] = lds128(stage + k_off + 8 * kKeyStride + 64 * (c + 1));
+        if (c + kKReads - 1 < 9) {
+          const int cr = c + kKReads - 1;
+          kr[cr % kKReads][0] = lds128(stage + k_off + 64 * cr);
+          kr[cr % kKReads][1] = lds128(stage + k_off + 8 * kKeyStride + 64 * cr);
         }
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
@@ -456,8 +482,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
           if (grp >= KB) wgmma_wait<KB - 1>();  // group grp − KB is done with buffer b
 #pragma unroll
           for (int jj = 0; jj < 2; ++jj) {
-            const uint2 fa = e4m3x4_to_f16x4(word(kr[c & 1][0], 2 * hh + jj));
-            const uint2 fb = e4m3x4_to_f16x4(word(kr[c & 1][1], 2 * hh + jj));
+            const uint2 fa = e4m3x4_to_f16x4(word(kr[c % kKReads][0], 2 * hh + jj));
+            const uint2 fb = e4m3x4_to_f16x4(word(kr[c % kKReads][1], 2 * hh + jj));
             kf[b][jj][0] = fa.x;
             kf[b][jj][1] = fb.x;
             kf[b][jj][2] = fa.y;
@@ -482,47 +508,67 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
       for (int i = 0; i < kAcc; ++i) s[i] += s_odd[i];
       mbar_arrive(bar_addr(empty, st));  // this thread's reads of the stage are done
 
-      // Absent keys and keys after a row's causal limit → -inf; column maxima of the warp's 16 keys.
+      // Absent keys and keys after a row's causal limit → -inf. The running maxima m (base-2 logits) are raised
+      // only when some score of the tile exceeds its row's by more than kMaxSlack (every tile of a row that has
+      // seen no key yet): otherwise P = 2^(S·scale − m) ≤ 2^kMaxSlack is taken against the old maxima, O is not
+      // rescaled, and the tile needs no maxima across the warps, only one barrier that ORs the threads' verdicts.
       const int kt = k_begin + t * kTile;
       const bool pres_a = (okb >> key_a) & 1, pres_b = (okb >> (key_a + 8)) & 1;
-      float* const red_t = red + pb * 4 * N;
-      float mx[kCols];
+      bool over = false;
 #pragma unroll
       for (int i = 0; i < kCols; ++i) {
         const int j = i / 2, e = i & 1;
         s[4 * j + e] = pres_a && kt + key_a < nvis[i] ? s[4 * j + e] : -INFINITY;
         s[4 * j + 2 + e] = pres_b && kt + key_a + 8 < nvis[i] ? s[4 * j + 2 + e] : -INFINITY;
-        mx[i] = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
-#pragma unroll
-        for (int sh = 4; sh < 32; sh <<= 1) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], sh));
+        const float limit = m[i] + kMaxSlack;  // −inf while the row has seen no key
+        over |= s[4 * j + e] * row_scale[i] > limit || s[4 * j + 2 + e] * row_scale[i] > limit;
       }
-      if (lane < 4) {
+      float alpha[kCols];
 #pragma unroll
-        for (int i = 0; i < kCols; ++i) red_t[warp * N + 8 * (i / 2) + 2 * lane + (i & 1)] = mx[i];
+      for (int i = 0; i < kCols; ++i) alpha[i] = 1.0f;
+      if (named_bar_sync_or(kBarScores, kWg, over)) {
+        // Column maxima of the warp's 16 keys, then of the tile's 64 (red is double-buffered: a warp writes buffer
+        // pb again only after the barrier above of tile t + 2, past every read of it).
+        float* const red_t = red + pb * 4 * N;
+        float mx[kCols];
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) {
+          const int j = i / 2, e = i & 1;
+          mx[i] = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+#pragma unroll
+          for (int sh = 4; sh < 32; sh <<= 1) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], sh));
+        }
+        if (lane < 4) {
+#pragma unroll
+          for (int i = 0; i < kCols; ++i) red_t[warp * N + 8 * (i / 2) + 2 * lane + (i & 1)] = mx[i];
+        }
+        named_bar_sync(kBarScores, kWg);  // every warp's maxima
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) {
+          const int n = 8 * (i / 2) + 2 * qd + (i & 1);
+          const float tile_max = fmaxf(fmaxf(red_t[n], red_t[N + n]), fmaxf(red_t[2 * N + n], red_t[3 * N + n]));
+          const float m_new = fmaxf(m[i], tile_max * row_scale[i]);
+          alpha[i] = rescale_factor(m[i], m_new);
+          m[i] = m_new;
+        }
       }
-      named_bar_sync(kBarScores, kWg);  // every warp's maxima (red is double-buffered: a warp writes buffer pb
-                                        // again only after this barrier of tile t + 1, past every read of it)
       if (t >= 2) named_bar_sync(kBarPEmpty + pb, 2 * kWg);  // the products of tile t − 2 are done with P buffer pb
 
-      // New maxima (base-2 logits), P = 2^(S·scale − m) → P buffer pb, O's rescale factors → alpha buffer pb.
+      // P = 2^(S·scale − m) → P buffer pb, O's rescale factors → alpha buffer pb.
       uint8_t* const p_t = p_s + pb * N * 128;
       float* const alpha_t = reinterpret_cast<float*>(smem + L::alpha) + pb * N;
 #pragma unroll
       for (int i = 0; i < kCols; ++i) {
         const int j = i / 2, e = i & 1, n = 8 * j + 2 * qd + e;
-        const float tile_max = fmaxf(fmaxf(red_t[n], red_t[N + n]), fmaxf(red_t[2 * N + n], red_t[3 * N + n]));
-        const float m_new = fmaxf(m[i], tile_max * row_scale[i]);
-        const float alpha = rescale_factor(m[i], m_new);
-        m[i] = m_new;
-        const float neg_m = m_new == -INFINITY ? 0.0f : -m_new;
+        const float neg_m = m[i] == -INFINITY ? 0.0f : -m[i];
         const float pa = fast_exp2(fmaf(s[4 * j + e], row_scale[i], neg_m));
         const float pb2 = fast_exp2(fmaf(s[4 * j + 2 + e], row_scale[i], neg_m));
-        l[i] = l[i] * alpha + (pa + pb2);
+        l[i] = l[i] * alpha[i] + (pa + pb2);
         uint8_t* const prow = p_t + n * 128;
         *reinterpret_cast<__half*>(prow + (((pos_a >> 3) ^ (n & 7)) << 4) + (pos_a & 7) * 2) = __float2half_rn(pa);
         *reinterpret_cast<__half*>(prow + ((((pos_a + 8) >> 3) ^ (n & 7)) << 4) + (pos_a & 7) * 2) =
             __float2half_rn(pb2);
-        if (warp == 0 && g == 0) alpha_t[n] = alpha;
+        if (warp == 0 && g == 0) alpha_t[n] = alpha[i];
       }
       fence_proxy_async();
       named_bar_arrive(kBarPFull + pb, 2 * kWg);  // P and the rescale factors of tile t are written

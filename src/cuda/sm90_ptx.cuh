@@ -50,6 +50,15 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// bar.sync that also ORs a predicate over the participating threads: every thread gets the same result.
+__device__ __forceinline__ bool named_bar_sync_or(int id, int threads, bool pred) {
+  uint32_t any;
+  asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+               : "=r"(any)
+               : "r"(uint32_t(pred)), "r"(id), "r"(threads)
+               : "memory");
+  return any != 0;
+}
 
 // 2^x (MUFU.EX2; flushes subnormal results to zero, as probabilities below 2^-126 contribute nothing).
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -28,6 +28,7 @@
 #   MLADCP_PEERPROFILE_CONFIGS  peerprofile stage: configs.txt lines, one per line (default 128 h × 16 × 64K)
 #   MLADCP_GPU_VARIANTS      variants stage: "NAME=-DMACRO=V[,-DMACRO2=V2] ..." (Hopper kernels rebuilt per variant)
 #   MLADCP_VARIANT_POLICY    variants stage: the peer bench policy timed (default; fp8 for the fp8 kernel)
+#   MLADCP_VARIANT_EXTRA=0   variants stage: time the peers' configurations only (not tools/gpu/extra_configs.txt)
 #   MLADCP_GPU_VARIANT_DIRS  variants stage: "NAME=DIR ..." of binaries built elsewhere from edited trees
 #                            (tools/gpu/build_variant.sh NAME: cuda_decode_test and mladcp_peer_bench in build/var/NAME;
 #                            carry build/var): each variant's tests (MLADCP_VARIANT_TESTS, default Sm90*:CudaSanitize*)
@@ -181,7 +182,9 @@ if want variants; then
   # variants built elsewhere (tools/gpu/build_variant.sh), whose Hopper tests run first.
   time_variant() {  # NAME BENCH: BENCH on the peers' configurations, its rows labelled as variant NAME
     local cfgs
-    for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
+    local list=("${MLADCP_PEER_CONFIGS:-.peers/configs.txt}")
+    [ "${MLADCP_VARIANT_EXTRA:-1}" = 0 ] || list+=(tools/gpu/extra_configs.txt)
+    for cfgs in "${list[@]}"; do
       timeout "$(cap 200 10)" "$2" --configs "$cfgs" --policies "${MLADCP_VARIANT_POLICY:-default}" 2>&1 |
         sed -E "s/^RESULT mladcp(-fp8)? /RESULT mladcp\1-var-$1 /" >>"$out/peers.log"
     done
