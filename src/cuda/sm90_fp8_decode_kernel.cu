@@ -131,8 +131,6 @@ constexpr int kKBufs = MLADCP_FP8_KBUFS;
 template <int N>
 constexpr int kVBufs = N == 16 ? MLADCP_FP8_VBUFS16 : MLADCP_FP8_VBUFS32;
 constexpr int kKReads = MLADCP_FP8_KREADS;  // K's 16-byte reads run kKReads − 1 column blocks ahead of the conversions
-template <int N>
-constexpr int kVBufs = N == 16 ? MLADCP_FP8_VBUFS16 : MLADCP_FP8_VBUFS32;
 
 // wgmma.m64nNk16 (f16 in, fp32 accumulate), A (64 × 16) from registers, B (16 × N, K-major) from shared memory.
 __device__ __forceinline__ void wgmma_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t b, int accumulate) {
