@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/numeric.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_test_util.h"
 #include "cuda/f16_scaling.h"
@@ -38,8 +40,8 @@ std::unique_ptr<Backend> cuda_backend(bool portable) {
 }
 
 // fp32 out with a natural LSE and bf16 out with a base-2 LSE, against the oracle.
-::testing::AssertionResult matches_oracle(Backend& cuda, const synthetic::Config& cfg, const std::string& kernel) {
-  const synthetic::Problem prob = make_problem(cfg);
+::testing::AssertionResult matches_oracle(Backend& cuda, const synthetic::Problem& prob, const std::string& kernel) {
+  const synthetic::Config& cfg = prob.config;
   const DecodeBuffers want = expected_decode(prob, LseBase::kE);
   const std::vector<float> want_out = want.out_float();
   const DeviceProblem dev(prob);
@@ -61,6 +63,9 @@ std::unique_ptr<Backend> cuda_backend(bool portable) {
     if (!l.ok) return ::testing::AssertionFailure() << what << "\n  " << l.report;
   }
   return ::testing::AssertionSuccess();
+}
+::testing::AssertionResult matches_oracle(Backend& cuda, const synthetic::Config& cfg, const std::string& kernel) {
+  return matches_oracle(cuda, make_problem(cfg), kernel);
 }
 
 std::vector<synthetic::Config> hopper_shapes() {
@@ -324,6 +329,96 @@ TEST(Sm90Fp8Decode, ManyRowsOnTheHopperKernel) {
     const std::string name = schedule == cuda_plan::Schedule::kBalanced ? "hopper fp8 (balanced)" : "hopper fp8";
     for (const synthetic::Config& cfg : shapes) EXPECT_TRUE(matches_oracle(*cuda, cfg, name));
   }
+}
+
+using numeric::bf16_to_float;
+using numeric::float_to_bf16;
+using numeric::float_to_fp8e4m3;
+using numeric::fp8e4m3_to_float;
+
+// The cache row (576 values) of key `pos` of sequence `seq`, in the cache's dtype (world-1 problems).
+uint8_t* key_row(synthetic::Problem& prob, int seq, int pos) {
+  const int bs = prob.config.block_size;
+  const int32_t block = prob.block_table[size_t(seq) * size_t(prob.max_blocks_per_seq) + size_t(pos / bs)];
+  const size_t row = size_t(block) * size_t(bs) + size_t(pos % bs);
+  return prob.kv_cache.data() + row * kQkDim * dtype_size(prob.config.kv_dtype);
+}
+
+// Multiplies key `pos` of every sequence that has it by `factor` (values re-rounded to the cache's dtype).
+void scale_key(synthetic::Problem& prob, int pos, float factor) {
+  for (int seq = 0; seq < prob.config.num_seqs; ++seq) {
+    if (pos >= prob.seq_lens[size_t(seq)]) continue;
+    uint8_t* row = key_row(prob, seq, pos);
+    for (int d = 0; d < kQkDim; ++d) {
+      if (prob.config.kv_dtype == DType::kFP8E4M3)
+        row[d] = float_to_fp8e4m3(fp8e4m3_to_float(row[d]) * factor);
+      else {
+        uint16_t v;
+        std::memcpy(&v, row + 2 * d, 2);
+        v = float_to_bf16(bf16_to_float(v) * factor);
+        std::memcpy(row + 2 * d, &v, 2);
+      }
+    }
+  }
+}
+
+// Whether some query row meets, past its first tile of 64 keys, a key whose base-2 logit exceeds every earlier
+// key's by more than 8: the case in which the Hopper kernels raise a row's running maximum mid-sequence (otherwise
+// they keep it and take P up to 2^8). Keys visible to every token of the sequence only.
+bool raises_a_running_maximum(synthetic::Problem& prob) {
+  const synthetic::Config& c = prob.config;
+  const float scale = c.softmax_scale * lse::kLog2e * (c.kv_dtype == DType::kFP8E4M3 ? c.kv_scale : 1.0f);
+  for (int seq = 0; seq < c.num_seqs; ++seq) {
+    const int keys = prob.seq_lens[size_t(seq)] - c.q_len + 1;
+    for (int row = 0; row < c.q_len * c.num_heads; ++row) {
+      const uint16_t* q = prob.q.data() + (size_t(seq) * size_t(c.q_len * c.num_heads) + size_t(row)) * kQkDim;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int pos = 0; pos < keys; ++pos) {
+        const uint8_t* k = key_row(prob, seq, pos);
+        double dot = 0.0;
+        for (int d = 0; d < kQkDim; ++d) {
+          float kv;
+          if (c.kv_dtype == DType::kFP8E4M3) {
+            kv = fp8e4m3_to_float(k[d]);
+          } else {
+            uint16_t v;
+            std::memcpy(&v, k + 2 * d, 2);
+            kv = bf16_to_float(v);
+          }
+          dot += double(bf16_to_float(q[d])) * double(kv);
+        }
+        const float logit = float(dot) * scale;
+        if (pos >= 64 && logit > m + 8.0f) return true;
+        m = std::max(m, logit);
+      }
+    }
+  }
+  return false;
+}
+
+// Keys scaled up 3-8× at tiles 3, 9, 20 and 33 make rows' running maxima jump by more than 8 (base 2) after their
+// first tile: the rare path of the kernels' lazy maximum (cross-warp maxima, O rescaled while the products of the
+// previous tile may be in flight), on the 64-row kernel (bf16, fp8 at 64 heads) and the fp8 kernel (16 and 32 rows).
+TEST(Sm90Decode, RunningMaximumRaisedMidSequence) {
+  const DType f8 = DType::kFP8E4M3;
+  std::vector<synthetic::Problem> problems;
+  for (const synthetic::Config& cfg : {
+           config(16, 1, 64, {3000, 2500, 700}, 270),      // bf16, 16 rows: the 64-row kernel
+           config(64, 1, 32, {2200, 1400}, 271),           // bf16, 64 rows, pages of 32 keys
+           config(16, 1, 64, {3000, 2500, 700}, 272, f8),  // fp8, 16 rows: the fp8 kernel
+           config(16, 2, 16, {2200, 1400}, 273, f8),       // fp8, 32 rows (two tokens, causal), pages of 16 keys
+           config(64, 1, 64, {2200, 900}, 274, f8),        // fp8, 64 rows: the 64-row kernel converting its ring
+       }) {
+    synthetic::Problem prob = make_problem(cfg);
+    const int positions[] = {64 * 3 + 5, 64 * 9 + 40, 64 * 20 + 63, 64 * 33 + 1};
+    const float factors[] = {3.0f, 4.5f, 6.0f, 8.0f};
+    for (int i = 0; i < 4; ++i) scale_key(prob, positions[i], factors[i]);
+    ASSERT_TRUE(raises_a_running_maximum(prob)) << describe(cfg) << ": the inputs do not test what they should";
+    problems.push_back(std::move(prob));
+  }
+  MLADCP_SKIP_WITHOUT_GPU();
+  auto hopper = cuda_backend(false);
+  for (const synthetic::Problem& prob : problems) EXPECT_TRUE(matches_oracle(*hopper, prob, "default"));
 }
 
 // A sequence's result does not depend on the rest of the batch nor on max_seq_len: bitwise.
