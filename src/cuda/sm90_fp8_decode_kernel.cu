@@ -160,18 +160,9 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
-// Where tile t of the CTA's split sits in the ring: its stage (t % kStages) and the parity of its mbarrier phases
-// (t / kStages % 2), advanced tile by tile by the copier and both warpgroups.
-struct RingSlot {
-  int st = 0;
-  uint32_t phase = 0;
-  __device__ __forceinline__ void next() {
-    if (++st == kStages) {
-      st = 0;
-      phase ^= 1;
-    }
-  }
-};
+// Where tile t sits in the ring (stage, mbarrier phase parity), advanced tile by tile by the copier and both
+// warpgroups (sm90_fp8_fragments.h, host-tested).
+using RingSlot = fr::RingSlot<kStages>;
 
 // The copying warp: every tile of the CTA's split into the ring. Lane i looks up keys i and i + 32 of a tile; a
 // present key that starts a run of keys of one page (the tile's first key, a page's first key; every key when the

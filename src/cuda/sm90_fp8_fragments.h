@@ -1,6 +1,7 @@
 // The operand fragment maps of the Hopper fp8 kernel (sm90_fp8_decode_kernel.cu) as plain arithmetic, shared with
 // the host tests that check them (tests/cuda/sm90_decode_test.cpp): which dims and keys a thread's wgmma fragments
-// hold, where the query rows and P are stored to match, and where the fragments are read from the ring.
+// hold, where the query rows and P are stored to match, where the fragments are read from the ring, and the stage
+// and mbarrier phase of each tile in the ring.
 //
 // Thread t of a warpgroup: warp w = t / 32, lane = 4g + q. The ring holds a tile's 64 keys as dense 576-byte fp8 rows.
 //   K (Sᵀ = K·Qᵀ; M = keys, K = dims): fragment rows g and g + 8 of warp w are keys 16w + g and + 8; k-step 4c + j
@@ -44,5 +45,19 @@ MLADCP_HD constexpr uint32_t k_read_offset(int w, int g, int q, int h, int c) {
 MLADCP_HD constexpr uint32_t v_read_offset(int w, int g, int q, int s, int kk) {
   return uint32_t((16 * s + q + 4 * kk) * kKeyBytes + 16 * (8 * w + g));
 }
+
+// Where tile t of a CTA's split sits in a ring of kStages stages: stage t % kStages, and the parity of the stage's
+// mbarrier phases (t / kStages) % 2; next() moves to tile t + 1.
+template <int kStages>
+struct RingSlot {
+  int st = 0;
+  uint32_t phase = 0;
+  MLADCP_HD void next() {
+    if (++st == kStages) {
+      st = 0;
+      phase ^= 1;
+    }
+  }
+};
 
 }  // namespace mladcp::cuda_impl::sm90_fp8_fragments
