@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -340,11 +339,6 @@ TEST(Sm90Fp8Decode, ManyRowsOnTheHopperKernel) {
   }
 }
 
-using numeric::bf16_to_float;
-using numeric::float_to_bf16;
-using numeric::float_to_fp8e4m3;
-using numeric::fp8e4m3_to_float;
-
 // The cache row (576 values) of key `pos` of sequence `seq`, in the cache's dtype (world-1 problems).
 uint8_t* key_row(synthetic::Problem& prob, int seq, int pos) {
   const int bs = prob.config.block_size;
@@ -358,16 +352,8 @@ void scale_key(synthetic::Problem& prob, int pos, float factor) {
   for (int seq = 0; seq < prob.config.num_seqs; ++seq) {
     if (pos >= prob.seq_lens[size_t(seq)]) continue;
     uint8_t* row = key_row(prob, seq, pos);
-    for (int d = 0; d < kQkDim; ++d) {
-      if (prob.config.kv_dtype == DType::kFP8E4M3)
-        row[d] = float_to_fp8e4m3(fp8e4m3_to_float(row[d]) * factor);
-      else {
-        uint16_t v;
-        std::memcpy(&v, row + 2 * d, 2);
-        v = float_to_bf16(bf16_to_float(v) * factor);
-        std::memcpy(row + 2 * d, &v, 2);
-      }
-    }
+    const DType t = prob.config.kv_dtype;
+    for (int d = 0; d < kQkDim; ++d) numeric::store_from_float(row, t, d, numeric::load_as_float(row, t, d) * factor);
   }
 }
 
@@ -385,17 +371,8 @@ bool raises_a_running_maximum(synthetic::Problem& prob) {
       for (int pos = 0; pos < keys; ++pos) {
         const uint8_t* k = key_row(prob, seq, pos);
         double dot = 0.0;
-        for (int d = 0; d < kQkDim; ++d) {
-          float kv;
-          if (c.kv_dtype == DType::kFP8E4M3) {
-            kv = fp8e4m3_to_float(k[d]);
-          } else {
-            uint16_t v;
-            std::memcpy(&v, k + 2 * d, 2);
-            kv = bf16_to_float(v);
-          }
-          dot += double(bf16_to_float(q[d])) * double(kv);
-        }
+        for (int d = 0; d < kQkDim; ++d)
+          dot += double(numeric::bf16_to_float(q[d])) * double(numeric::load_as_float(k, c.kv_dtype, d));
         const float logit = float(dot) * scale;
         if (pos >= 64 && logit > m + 8.0f) return true;
         m = std::max(m, logit);
