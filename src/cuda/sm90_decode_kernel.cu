@@ -177,11 +177,6 @@ __device__ __forceinline__ void issue_pv_smem(float (&o)[128], uint32_t p_lo, ui
                       ks > 0 || accumulate);
 }
 
-// A row's running maximum m (base-2 logits) after a tile whose row maximum is mx: raised to mx only when mx exceeds
-// it by more than 8, so P = 2^(S·scale − m) ≤ 2^8 (in the range of bf16 and f16) and most tiles past a row's first
-// keep m: no rescale of O (rescale_rows skips warps whose factors are all 1). −inf until the row sees a key.
-__device__ __forceinline__ float raised_max(float m, float mx) { return mx > m + 8.0f ? fmaxf(m, mx) : m; }
-
 // o (a warpgroup's 64 × 256 accumulator) ·= α of its rows, skipped when no row of the warp moved.
 __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alpha)[2]) {
   if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {

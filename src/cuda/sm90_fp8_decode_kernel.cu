@@ -36,9 +36,9 @@
 //     zero-filled; the present keys as 64 bits in `ok`.
 //   warpgroup 0, the scores: query rows (once), then per tile: K fragments and Sᵀ, release of the stage, mask, P
 //     and O's rescale factors → buffer t % 2, handed over by a named barrier. A row's running maximum is raised only
-//     when a score exceeds it by more than kMaxSlack (8 in base 2: P ≤ 256 in f16): one barrier ORs the threads'
-//     verdicts, and only then are the column maxima of the 4 warps gathered and O rescaled. Past a row's first keys
-//     that is rare, so most tiles take no cross-warp maxima and no rescale (12-17% faster at 16 heads).
+//     when a score exceeds it by more than kMaxSlack (8 in base 2: P ≤ 256 in f16; sm90_ptx.cuh): one barrier ORs the
+//     threads' verdicts, and only then are the column maxima of the 4 warps gathered and O rescaled. Past a row's first
+//     keys that is rare, so most tiles take no cross-warp maxima and no rescale (12-17% faster at 16 heads).
 //   warpgroup 1, the products: per tile, O rescaled (only when a row's maximum moved; then after the previous
 //     tile's products), Vᵀ fragments and Oᵀ += Vᵀ·Pᵀ, the stage released; the previous tile's P buffer released once
 //     this tile's first groups have retired its products. The scores of tile t + 1 run while the products of tile t
@@ -83,9 +83,7 @@ static_assert(kWg * kCopierRegs + 2 * kWg * kMmaRegs <= 168 * kThreads, "registe
 constexpr int kKeyStride = kF8RowBytes;  // 576: bytes per key row in the ring (as in a dense cache page)
 static_assert(kKeyStride == fr::kKeyBytes, "the fragment maps' key rows");
 constexpr int kStageBytes = kTile * kKeyStride;  // 36864
-// A row's running maximum (base-2 logits) is raised only for scores above it by more than this: P ≤ 2^8 in f16.
-constexpr float kMaxSlack = 8.0f;
-constexpr int kOutStride = kLatentDim + 4;  // floats per row of the transposed output (conflict-free stores)
+constexpr int kOutStride = kLatentDim + 4;       // floats per row of the transposed output (conflict-free stores)
 // Named barriers (0 is __syncthreads): the scores warpgroup among itself; P of tile t (buffer t % 2) written
 // (scores → products) and read (products → scores); the row sums written.
 constexpr int kBarScores = 1, kBarPFull = 2 /* + buffer */, kBarPEmpty = 4 /* + buffer */, kBarSums = 6, kBarOut = 7,
@@ -126,7 +124,6 @@ static_assert(F8Smem<32>::total <= 227 * 1024, "shared memory of one Hopper CTA"
 #ifndef MLADCP_FP8_KREADS
 #define MLADCP_FP8_KREADS 4
 #endif
-template <int N>
 constexpr int kKBufs = MLADCP_FP8_KBUFS;
 template <int N>
 constexpr int kVBufs = N == 16 ? MLADCP_FP8_VBUFS16 : MLADCP_FP8_VBUFS32;
@@ -231,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90_fp8_kernel(const 
   using L = F8Smem<N>;
   constexpr int kAcc = N / 2;   // accumulator floats per thread of an m64nN product
   constexpr int kCols = N / 4;  // query rows of a thread: n = 8·(i / 2) + 2·(lane % 4) + i % 2
-  constexpr int KB = kKBufs<N>, VB = kVBufs<N>;
+  constexpr int KB = kKBufs, VB = kVBufs<N>;
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* const kv_s = smem + L::kv;
   uint8_t* const q_s = smem + L::q;

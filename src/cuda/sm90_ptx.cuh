@@ -130,4 +130,10 @@ __device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
   return m_from == -INFINITY ? 1.0f : fast_exp2(m_from - m_to);
 }
 
+// The lazy running maximum of both Hopper kernels: a row's maximum m (base-2 logits) is raised only for a score
+// above it by more than kMaxSlack, so P = 2^(S·scale − m) ≤ 2^8 (in the range of f16 and bf16) and most tiles past a
+// row's first keep m and need no rescale of O. m is −inf until the row sees a key.
+constexpr float kMaxSlack = 8.0f;
+__device__ __forceinline__ float raised_max(float m, float mx) { return mx > m + kMaxSlack ? fmaxf(m, mx) : m; }
+
 }  // namespace mladcp::cuda_impl::sm90
