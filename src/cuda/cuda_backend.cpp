@@ -229,6 +229,7 @@ class CudaBackend final : public Backend {
     k.kv_stages = kc.kv_stages;
     k.sm90 = kc.sm90;
     k.sm90_fp8 = kc.sm90_fp8;
+    k.sm_count = dev.sm_count;
     k.q = static_cast<const uint16_t*>(p.q);
     k.q_stride_token = p.q_stride_token;
     k.q_stride_head = p.q_stride_head;

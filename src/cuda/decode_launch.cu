@@ -1,6 +1,7 @@
 // Launch of the decode: the split kernel of the right shape, then the combine kernel over splits.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "core/lse_math.h"
@@ -19,8 +20,6 @@ MLADCP_DECLARE_SPLIT_KERNEL(4, true)
 
 namespace {
 
-constexpr int kCombineWarps = 8;
-
 __device__ __forceinline__ void store4(void* out, bool fp32, int64_t i, float4 v) {
   if (fp32) {
     *reinterpret_cast<float4*>(static_cast<float*>(out) + i) = v;
@@ -32,72 +31,114 @@ __device__ __forceinline__ void store4(void* out, bool fp32, int64_t i, float4 v
   }
 }
 
-// One CTA (8 warps) per (sequence, query row) of a sequence with two or more splits (or parts). The weights
-// come from lse::Combiner: each lane observes and accumulates a strided subset of the splits, the
-// warp combines max then sum (the same two passes, just spread over lanes). Warp w sums splits
-// w, w + 8, ... over 512 columns (16 per lane, float4 loads), and the 8 partial sums are added in
-// warp order through shared memory: a fixed order, so the result is deterministic.
-__global__ void __launch_bounds__(kCombineWarps * 32) mla_decode_combine_kernel(const DecodeKernelParams p) {
-  __shared__ float4 part[kCombineWarps][kLatentDim / 4];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the Hopper split kernel: wait for its partial states.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t w = blockIdx.x;
-  const int seq = int(w / p.rows_per_seq);
-  const int grow = int(w - int64_t(seq) * p.rows_per_seq);
-  // Partial state s of this row: split s of the sequence, or (balanced schedule) its s-th part's slot.
-  int nsplits = 0;
-  int64_t state0 = 0, step = 0;  // state s = state0 + s · step (+ the first part's slot)
-  int64_t slot0 = 0;
+// The combine kernel: 8 warps per CTA, units strided over the grid (at most kCombineCtasPerSm CTAs per SM). Two
+// modes, chosen by the host from what it knows of the state counts (launch_decode):
+//  - rows of few states (a split plan of at most kCombineFewStates splits, or a balanced plan of whole sequences):
+//    a unit is a group of 8 consecutive rows, each merged by one warp, states in order (a row of more states in
+//    such a group: by the CTA's 8 warps together, as below);
+//  - otherwise a unit is one row, merged by the 8 warps together: warp w adds states w, w + 8, ..., and the 8
+//    sums are added in warp order.
+// Both give the same bits for a row of at most 8 states (the sums start from +0, so the warp-order sum of one
+// state per warp adds the same terms in the same order), and a row of more states always takes the second: the
+// result depends only on the row's own states, whatever the batch or the mode.
+constexpr int kCombineWarps = 8, kCombineCtasPerSm = 8, kCombineFewStates = 8;
+
+// Partial state `s` of a row: its workspace index (balanced schedule: the s-th part's slot).
+struct RowStates {
+  int count = 0;
+  int64_t first = 0, step = 0, slot0 = 0;
+  __device__ int64_t operator()(int s) const { return first + s * step + (s == 0 ? slot0 : 0); }
+};
+__device__ __forceinline__ RowStates row_states(const DecodeKernelParams& p, int seq, int grow) {
+  RowStates r;
   if (p.parts > 0) {
-    const cuda_plan::BalancedRecord r = p.ws_record[seq];
-    nsplits = r.parts;
-    state0 = int64_t(r.first_part) * 2 * p.rows_per_seq + grow;
-    step = 2 * int64_t(p.rows_per_seq);
-    slot0 = int64_t(r.slot) * p.rows_per_seq;
+    const cuda_plan::BalancedRecord rec = p.ws_record[seq];
+    r.count = rec.parts;
+    r.first = int64_t(rec.first_part) * 2 * p.rows_per_seq + grow;
+    r.step = 2 * int64_t(p.rows_per_seq);
+    r.slot0 = int64_t(rec.slot) * p.rows_per_seq;
   } else {
     const int len = clamped_len(p, seq);
     const int64_t n_max = sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave);
-    nsplits = cuda_plan::num_splits(n_max, p.split_len);
-    state0 = int64_t(seq) * p.max_splits * p.rows_per_seq + grow;
-    step = p.rows_per_seq;
+    r.count = cuda_plan::num_splits(n_max, p.split_len);
+    r.first = int64_t(seq) * p.max_splits * p.rows_per_seq + grow;
+    r.step = p.rows_per_seq;
   }
-  if (nsplits <= 1) return;  // written by the split kernel
-  auto state = [&](int s) { return state0 + s * step + (s == 0 ? slot0 : 0); };
+  return r;
+}
 
+// The weights of a row's states, from lse::Combiner: lane i observes states i, i + 32, ...; the warp reduces the
+// maximum, then the sum.
+__device__ __forceinline__ lse::Combiner row_combiner(const DecodeKernelParams& p, const RowStates& state) {
   lse::Combiner c(LseBase::k2);
-  for (int s = lane; s < nsplits; s += 32) c.observe_max(p.ws_lse[state(s)]);
+  const int lane = threadIdx.x & 31;
+  for (int s = lane; s < state.count; s += 32) c.observe_max(p.ws_lse[state(s)]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) c.max_l = fmaxf(c.max_l, __shfl_xor_sync(0xffffffffu, c.max_l, o));
-  for (int s = lane; s < nsplits; s += 32) c.accumulate(p.ws_lse[state(s)]);
+  for (int s = lane; s < state.count; s += 32) c.accumulate(p.ws_lse[state(s)]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) c.sum += __shfl_xor_sync(0xffffffffu, c.sum, o);
+  return c;
+}
 
+// acc (16 columns per lane: float4 i at column 4 · (lane + 32 i)) += the weighted states first, first + stride, ...
+// in that order, two states' loads in flight at a time; states of weight 0 (empty) are not read.
+__device__ __forceinline__ void add_states(const DecodeKernelParams& p, const RowStates& state, const lse::Combiner& c,
+                                           int first, int stride, float4 (&acc)[4]) {
+  const int lane = threadIdx.x & 31;
+  auto load = [&](int s, float wt, float4(&v)[4]) {
+    const float4* src = reinterpret_cast<const float4*>(p.ws_o + state(s) * kLatentDim) + lane;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = wt != 0.0f ? src[32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+  // Product and sum rounded separately (never one fused multiply-add): the CTA path adds these products as its
+  // warps' sums, and must get the same bits.
+  auto add = [&](float wt, const float4(&v)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc[i].x = __fadd_rn(acc[i].x, lse::weighted(wt, v[i].x));
+      acc[i].y = __fadd_rn(acc[i].y, lse::weighted(wt, v[i].y));
+      acc[i].z = __fadd_rn(acc[i].z, lse::weighted(wt, v[i].z));
+      acc[i].w = __fadd_rn(acc[i].w, lse::weighted(wt, v[i].w));
+    }
+  };
+  for (int s = first; s < state.count; s += 2 * stride) {
+    const bool second = s + stride < state.count;
+    const float wa = c.weight(p.ws_lse[state(s)]);
+    const float wb = second ? c.weight(p.ws_lse[state(s + stride)]) : 0.0f;
+    float4 va[4], vb[4];
+    load(s, wa, va);
+    load(s + stride, wb, vb);
+    add(wa, va);
+    if (second) add(wb, vb);
+  }
+}
+
+__device__ __forceinline__ void store_row_lse(const DecodeKernelParams& p, int seq, int grow, const lse::Combiner& c) {
+  const int i_tok = grow / p.num_heads, h = grow - i_tok * p.num_heads;
+  if (p.lse)
+    p.lse[lse_elem(p, int64_t(seq) * p.q_len + i_tok, h)] =
+        lse::convert(c.merged_lse(), LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
+}
+__device__ __forceinline__ int64_t row_out(const DecodeKernelParams& p, int seq, int grow) {
+  const int i_tok = grow / p.num_heads, h = grow - i_tok * p.num_heads;
+  return out_elem(p, int64_t(seq) * p.q_len + i_tok, h);
+}
+
+// One row merged by the CTA's 8 warps together (every thread calls it; `part`: the warps' sums).
+__device__ void combine_row_by_cta(const DecodeKernelParams& p, int64_t row, float4 (*part)[kLatentDim / 4]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int seq = int(row / p.rows_per_seq), grow = int(row - int64_t(seq) * p.rows_per_seq);
+  const RowStates state = row_states(p, seq, grow);
+  if (state.count <= 1) return;  // written by the split kernel (uniform over the CTA)
+  const lse::Combiner c = row_combiner(p, state);
   float4 acc[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s = warp; s < nsplits; s += kCombineWarps) {
-    const float wt = c.weight(p.ws_lse[state(s)]);
-    if (wt == 0.0f) continue;
-    const float4* src = reinterpret_cast<const float4*>(p.ws_o + state(s) * kLatentDim);
-    float4 v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = src[lane + 32 * i];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc[i].x += lse::weighted(wt, v[i].x);
-      acc[i].y += lse::weighted(wt, v[i].y);
-      acc[i].z += lse::weighted(wt, v[i].z);
-      acc[i].w += lse::weighted(wt, v[i].w);
-    }
-  }
+  add_states(p, state, c, warp, kCombineWarps, acc);
 #pragma unroll
   for (int i = 0; i < 4; ++i) part[warp][lane + 32 * i] = acc[i];
   __syncthreads();
-  const int i_tok = grow / p.num_heads, h = grow - i_tok * p.num_heads;
-  const int64_t t = int64_t(seq) * p.q_len + i_tok;
   if (threadIdx.x < kLatentDim / 4) {
     float4 sum = part[0][threadIdx.x];
 #pragma unroll
@@ -108,10 +149,49 @@ __global__ void __launch_bounds__(kCombineWarps * 32) mla_decode_combine_kernel(
       sum.z += v.z;
       sum.w += v.w;
     }
-    store4(p.out, p.out_fp32, out_elem(p, t, h) + 4 * threadIdx.x, sum);
+    store4(p.out, p.out_fp32, row_out(p, seq, grow) + 4 * threadIdx.x, sum);
   }
-  if (p.lse && threadIdx.x == 0)
-    p.lse[lse_elem(p, t, h)] = lse::convert(c.merged_lse(), LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
+  if (threadIdx.x == 0) store_row_lse(p, seq, grow, c);
+  __syncthreads();  // part is reused
+}
+
+// group_rows: 8 (rows of few states) or 1 (see above).
+__global__ void __launch_bounds__(kCombineWarps * 32)
+    mla_decode_combine_kernel(const DecodeKernelParams p, int group_rows) {
+  __shared__ float4 part[kCombineWarps][kLatentDim / 4];
+  __shared__ int many[kCombineWarps];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the Hopper split kernel: wait for its partial states.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t rows = int64_t(p.num_seqs) * p.rows_per_seq;
+  if (group_rows == 1) {
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) combine_row_by_cta(p, row, part);
+    return;
+  }
+  for (int64_t group = blockIdx.x; group * kCombineWarps < rows; group += gridDim.x) {
+    // A row of few states: this warp alone, states in order.
+    const int64_t row = group * kCombineWarps + warp;
+    const int seq = int(row / p.rows_per_seq), grow = int(row - int64_t(seq) * p.rows_per_seq);
+    const RowStates state = row < rows ? row_states(p, seq, grow) : RowStates{};
+    if (state.count > 1 && state.count <= kCombineFewStates) {
+      const lse::Combiner c = row_combiner(p, state);
+      float4 acc[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+      add_states(p, state, c, 0, 1, acc);
+      const int64_t o = row_out(p, seq, grow);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) store4(p.out, p.out_fp32, o + 4 * (lane + 32 * i), acc[i]);
+      if (lane == 0) store_row_lse(p, seq, grow, c);
+    }
+    if (lane == 0) many[warp] = state.count > kCombineFewStates;
+    __syncthreads();
+    for (int r = 0; r < kCombineWarps; ++r)
+      if (many[r]) combine_row_by_cta(p, group * kCombineWarps + r, part);
+    __syncthreads();  // many[] is rewritten for the next group
+  }
 }
 
 template <int MT>
@@ -161,7 +241,13 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
   }
   MLADCP_RETURN_IF_ERROR(cuda_status(e, "mla_decode_split_kernel launch"));
   if (p.max_splits > 1 || p.parts > 0) {
-    const int64_t blocks = int64_t(p.num_seqs) * p.rows_per_seq;
+    // Few states per row: a split plan of at most kCombineFewStates splits, or a balanced plan that puts whole
+    // sequences on its parts (a sequence cut there spans two or three parts).
+    const bool few = p.parts > 0 ? p.whole_short : p.max_splits <= kCombineFewStates;
+    const int group_rows = few ? kCombineWarps : 1;
+    const int64_t rows = int64_t(p.num_seqs) * p.rows_per_seq;
+    int64_t blocks = (rows + group_rows - 1) / group_rows;
+    if (p.sm_count > 0) blocks = std::min<int64_t>(blocks, int64_t(p.sm_count) * kCombineCtasPerSm);
     // After a Hopper kernel the combine is a programmatic dependent launch: its CTAs start while the
     // split kernel's last CTAs write their states, and wait for the whole grid before reading.
     cudaLaunchConfig_t cfg = {};
@@ -173,8 +259,8 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = p.sm90 || p.sm90_fp8 ? 1 : 0;
-    MLADCP_RETURN_IF_ERROR(
-        cuda_status(cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel, p), "mla_decode_combine_kernel launch"));
+    MLADCP_RETURN_IF_ERROR(cuda_status(cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel, p, group_rows),
+                                       "mla_decode_combine_kernel launch"));
   }
   return Status::Ok();
 }

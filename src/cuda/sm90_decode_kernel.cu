@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 
 #include "core/lse_math.h"
@@ -142,13 +143,16 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32
 // released first), warpgroup 1 from block 4. The mbarrier waits sit between commit groups, never
 // inside one (a wait loop inside a group makes ptxas serialize every wgmma of the kernel), and nothing
 // touches S until the caller's wgmma_wait.
+// The first scores of a segment with copied queries also wait for each query column block (q_full, phase parity
+// q_parity; 0: no wait).
 template <bool kF16, int kFirstBlock>
 __device__ __forceinline__ void issue_scores(float (&s)[32], uint32_t q_lo, uint32_t k_lo, uint32_t full,
-                                             uint32_t parity) {
+                                             uint32_t parity, uint32_t q_full = 0, uint32_t q_parity = 0) {
   fence_regs(s);
 #pragma unroll
   for (int j = 0; j < kSubTiles; ++j) {
     const int c = (kFirstBlock + j) % kSubTiles;
+    if (q_full) mbar_wait(q_full + 8 * c, q_parity);
     mbar_wait(full + 8 * c, parity);
     wgmma_fence();
 #pragma unroll
@@ -193,6 +197,11 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alph
 // Named barriers (0 is __syncthreads). Producer warpgroup arrives, consumer warpgroup syncs (256 threads),
 // or one warpgroup / both consumers among themselves.
 constexpr int kBarMa = 1, kBarMb = 2, kBarPa = 3, kBarPb = 4, kBarOwn = 5 /* + wg */, kBarConsumers = 7;
+
+// The epilogue stages a warpgroup's bf16 output (64 rows × 256 columns, 512-byte rows, 16-byte chunk c of row r at
+// c ^ (r % 8)) in q_s.
+constexpr int kStagedHalfBytes = kRows * 512;
+static_assert(2 * kStagedHalfBytes <= kTileBytes, "the staged output fits in q_s");
 
 // The consumers' segments in shared memory (one thread advances them; live registers stay free for the
 // pipeline): the cursor and the current and next segment, by parity.
@@ -340,9 +349,12 @@ __device__ __forceinline__ void zero_tail_rows(uint8_t* stage, int valid, int c0
 }
 
 // kFp8: an fp8-e4m3 cache (kv_map over its bytes), converted in the ring by the producer warpgroup; else bf16.
+// q_copied: the producer copies the query rows through q_map (bf16 caches whose query rows form one matrix); else
+// the consumers load them.
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
-    mla_decode_sm90_kernel(const DecodeKernelParams p, const __grid_constant__ CUtensorMap kv_map) {
+    mla_decode_sm90_kernel(const DecodeKernelParams p, const __grid_constant__ CUtensorMap kv_map,
+                           const __grid_constant__ CUtensorMap q_map, bool q_copied) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;
@@ -364,6 +376,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 2 * kSubTiles; ++i) mbar_init(bar_addr(full, i), 1);
     for (int i = 0; i < 4; ++i) mbar_init(bar_addr(empty, i), 8);  // one arrival per consumer warp
     for (int i = 0; i < 4; ++i) mbar_init(smem_addr(smem + Smem::staged) + 8 * i, 1);
+    for (int i = 0; i < kSubTiles; ++i) mbar_init(smem_addr(smem + Smem::q_full) + 8 * i, 1);
+    mbar_init(smem_addr(smem + Smem::q_empty), 8);  // one arrival per consumer warp
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   if (segs.balanced) segs.cur = balanced_start(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red));
@@ -373,6 +387,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kFp8 ? kProducerRegsFp8 : kProducerRegs));
     if (kFp8 && tid >= 2 * 128 + 32) {
       convert_fp8(p, segs, smem, tid - (2 * 128 + 32));
+    } else if (!kFp8 && q_copied && tid == 2 * 128 + 32) {
+      copy_queries(p, &q_map, segs, smem);
     } else if (tid == 2 * 128) {
       if (p.block_size >= kTile)
         produce<1, kFp8>(p, &kv_map, segs, smem);
@@ -410,6 +426,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   SegmentState* const seg = reinterpret_cast<SegmentState*>(smem + Smem::seg);
   if (tid == 0) seg->segs = segs;
   int64_t g0 = 0;
+  int q_loads = 0;  // segments with keys so far (the copied queries' phases)
   for (int k = 0;; ++k) {
     if (tid == 0) seg->more[k & 1] = seg->segs.next(p, seg->w[k & 1]);
     named_bar_sync(kBarConsumers, kConsumerThreads);
@@ -417,8 +434,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const CtaWork& w = seg->w[k & 1];
     const int npairs = w.npairs, k_begin = w.k_begin;
 
-    // ---- query rows → q_s (rows past the sequence's R rows are zero) ----
-    if (npairs > 0) {
+    // ---- query rows → q_s (rows past the sequence's R rows are zero), unless the producer copies them ----
+    if (!q_copied && npairs > 0) {
       for (int c = tid; c < kRows * kRowChunks; c += kConsumerThreads) {
         const int r = c / kRowChunks, ch = c - r * kRowChunks;
         const int grow = w.row0 + r;
@@ -440,6 +457,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_proxy_async();
       named_bar_sync(kBarConsumers, kConsumerThreads);
     }
+    // bf16 output of a segment with keys, written directly, is staged in q_s at the end (see the epilogue).
+    const bool staged = w.direct && !p.out_fp32 && npairs > 0;
+    // Copied queries: the first scores wait for each block (this segment's phase), and the warps release q_s at
+    // the start of the last pair (their last scores of the segment have retired), or after the staged output.
+    const uint32_t q_full = q_copied ? smem_addr(smem + Smem::q_full) : 0u;
+    const uint32_t q_parity = uint32_t(q_loads) & 1;
+    if (npairs > 0) ++q_loads;
+    auto release_queries = [&](int i) {
+      if (q_copied && !staged && i + 1 == npairs) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(smem + Smem::q_empty));
+      }
+    };
 
     RowState st;
 #pragma unroll
@@ -465,11 +495,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) {
       // ---- warpgroup 0: tiles a (stage 0), columns [0, 256) ----
       if (npairs > 0) {  // scores of the first tile a
-        issue_scores<kFp8, 0>(s, q_lo, k_lo0, full, uint32_t(g0) & 1);
+        issue_scores<kFp8, 0>(s, q_lo, k_lo0, full, uint32_t(g0) & 1, q_full, q_parity);
         wgmma_wait<0>();
         fence_regs(s);
       }
       for (int i = 0; i < npairs; ++i) {
+        release_queries(i);
         const bool more = i + 1 < npairs;
         const uint32_t par = uint32_t(g0 + i) & 1;  // the pair's ring phase
         float* const red_m = red + 128 * par;       // m_a and m_b of this pair: slots of its parity
@@ -537,11 +568,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       // ---- warpgroup 1: tiles b (stage 1), columns [256, 512) ----
       if (npairs > 0) {  // scores of the first tile b
-        issue_scores<kFp8, 4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), uint32_t(g0) & 1);
+        issue_scores<kFp8, 4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), uint32_t(g0) & 1, q_full, q_parity);
         wgmma_wait<0>();
         fence_regs(s);
       }
       for (int i = 0; i < npairs; ++i) {
+        release_queries(i);
         const bool more = i + 1 < npairs;
         const uint32_t par = uint32_t(g0 + i) & 1;  // the pair's ring phase
         float* const red_m = red + 128 * par;
@@ -640,13 +672,18 @@ __global__ void __launch_bounds__(kThreads, 1)
           float* dst = static_cast<float*>(p.out) + ob;
 #pragma unroll
           for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + j * 8) = val(j);
-        } else {
-          uint16_t* dst = static_cast<uint16_t*>(p.out) + ob;
+        } else if (staged) {
+          // Staged in q_s (below), written as whole rows after the loop.
+          uint8_t* const row = q_s + wg * kStagedHalfBytes + r * 512;
 #pragma unroll
           for (int j = 0; j < 32; ++j) {
             const float2 v = val(j);
-            *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(v.x, v.y);
+            *reinterpret_cast<uint32_t*>(row + ((j ^ (r & 7)) << 4) + 4 * (lane & 3)) = pack_bf16(v.x, v.y);
           }
+        } else {  // no keys: zeros (q_s may be receiving the next segment's queries)
+          uint16_t* dst = static_cast<uint16_t*>(p.out) + ob;
+#pragma unroll
+          for (int j = 0; j < 32; ++j) *reinterpret_cast<uint32_t*>(dst + j * 8) = 0u;
         }
         if (p.lse && wg == 0 && (lane & 3) == 0)
           p.lse[lse_elem(p, t, h)] = lse::convert(lse2, LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
@@ -656,6 +693,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + j * 8) = val(j);
         if (wg == 0 && (lane & 3) == 0) p.ws_lse[state] = lse2;
+      }
+    }
+    // bf16 output written directly: the warpgroup's 64 rows × 256 columns, staged in q_s (its queries are no longer
+    // read; the next segment's are loaded after the barrier at its start, or copied once q_s is released below),
+    // go out as whole 512-byte row halves (accumulator-layout stores of 4 bytes leave half sectors, which the
+    // memory system completes with a read).
+    if (staged) {
+      named_bar_sync(kBarOwn + wg, 128);
+      const uint8_t* const half = q_s + wg * kStagedHalfBytes;
+      for (int idx = tid_in_wg; idx < kRows * 32; idx += 128) {
+        const int r = idx >> 5, c = idx & 31;
+        const int grow = w.row0 + r;
+        if (grow >= p.rows_per_seq) break;  // rows ascend with idx
+        const int i = grow / p.num_heads, h = grow - i * p.num_heads;
+        const int64_t t = int64_t(w.seq) * p.q_len + i;
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + out_elem(p, t, h) + 256 * wg + 8 * c) =
+            *reinterpret_cast<const uint4*>(half + r * 512 + ((c ^ (r & 7)) << 4));
+      }
+      if (q_copied) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(smem_addr(smem + Smem::q_empty));
       }
     }
     if (w.record && tid == 0) p.ws_record[w.seq] = w.rec;
@@ -712,10 +770,28 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
                   fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  // The query rows as one [tokens · H][576] matrix (one head group, tokens H rows apart), boxes of 64 dims × 64
+  // rows written 128-byte swizzled: the producer copies them (bf16 caches; the fp8 path rescales them per row).
+  CUtensorMap q_map;
+  std::memset(&q_map, 0, sizeof(q_map));
+  const bool q_copied = !fp8 && p.head_group_size == p.num_heads &&
+                        p.q_stride_token == int64_t(p.num_heads) * p.q_stride_head && p.q_stride_head >= kQkDim;
+  if (q_copied) {
+    const cuuint64_t q_dims[2] = {cuuint64_t(kQkDim), cuuint64_t(int64_t(p.num_seqs) * p.q_len * p.num_heads)};
+    const cuuint64_t q_strides[1] = {cuuint64_t(p.q_stride_head) * 2};
+    const cuuint32_t q_box[2] = {64, cuuint32_t(kRows)};
+    const cuuint32_t q_elem_strides[2] = {1, 1};
+    if (encode_fn()(&q_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(p.q), q_dims, q_strides, q_box,
+                    q_elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return cudaErrorInvalidValue;
+  }
   if (fp8)
-    mla_decode_sm90_kernel<true><<<dim3(unsigned(grid)), dim3(kThreads), size_t(Smem::total), stream>>>(p, map);
+    mla_decode_sm90_kernel<true>
+        <<<dim3(unsigned(grid)), dim3(kThreads), size_t(Smem::total), stream>>>(p, map, q_map, false);
   else
-    mla_decode_sm90_kernel<false><<<dim3(unsigned(grid)), dim3(kThreads), size_t(Smem::total), stream>>>(p, map);
+    mla_decode_sm90_kernel<false>
+        <<<dim3(unsigned(grid)), dim3(kThreads), size_t(Smem::total), stream>>>(p, map, q_map, q_copied);
   return cudaGetLastError();
 }
 

@@ -57,7 +57,9 @@ struct Smem {
   static constexpr int staged = empty + 4 * 8;            // [2][2] u64: a stage half's fp8 bytes landed (fp8)
   static constexpr int qscale = staged + 4 * 8;           // [64] fp32: 2^-e of each query row (fp8: f16 queries)
   static constexpr int seg = qscale + 64 * 4;             // SegmentState: the consumers' segment cursor
-  static constexpr int total = seg + 256;
+  static constexpr int q_full = seg + 256;                // [9] u64: a query column block landed (copied queries)
+  static constexpr int q_empty = q_full + kSubTiles * 8;  // u64: the consumers' last scores of a segment retired
+  static constexpr int total = q_empty + 8;
 };
 static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
 static_assert(Smem::kv % 1024 == 0 && Smem::pb % 1024 == 0 && Smem::full % 8 == 0,
@@ -72,6 +74,15 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(dim), "r"(row), "r"(block), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+// One box of the query rows (64 dims × 64 rows, rows = token · H + head) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int dim, int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(dim), "r"(row), "r"(bar)
       : "memory");
 }
 
@@ -306,6 +317,31 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
       ok[1] = present_bits(tb, kt + kTile, w.k_end);
       copy_blocks(tb, 1, 0, 4);
     }
+  }
+}
+
+// The query copier (bf16 caches whose query rows form one [tokens · H][576] matrix, q_map; lane 0 of the producer
+// warpgroup's second warp): each segment's 64 query rows, column block by column block on the q_full barriers, as
+// soon as the consumers have released q_s (q_empty: the previous segment's last scores retired, or its staged
+// output written): the first scores start on block 0, and a CTA's next sequence's queries load behind the current
+// one's last products. Rows past the sequence's R rows hold the next sequence's queries (or zeros past the
+// matrix): scores of rows that are never written.
+__device__ __forceinline__ void copy_queries(const DecodeKernelParams& p, const CUtensorMap* q_map, Segments segs,
+                                             uint8_t* smem) {
+  const uint32_t q_full = smem_addr(smem + Smem::q_full), q_empty = smem_addr(smem + Smem::q_empty);
+  const uint32_t q_s = smem_addr(smem + Smem::q);
+  int loads = 0;
+  CtaWork w;
+  while (segs.next(p, w)) {
+    if (w.npairs == 0) continue;
+    if (loads > 0) mbar_wait(q_empty, uint32_t(loads - 1) & 1);
+    const int row = int(int64_t(w.seq) * p.q_len * p.num_heads + w.row0);
+#pragma unroll 1
+    for (int c = 0; c < kSubTiles; ++c) {
+      mbar_arrive_expect_tx(bar_addr(q_full, c), kBlockBytes);
+      tma_load_2d(q_s + uint32_t(c * kBlockBytes), q_map, bar_addr(q_full, c), c * 64, row);
+    }
+    ++loads;
   }
 }
 

@@ -181,8 +181,9 @@ RawResult run_raw(Backend& cuda, const MlaDecodeParams& base, size_t T, size_t H
 TEST(CudaDecode, BatchInvariantAndDeterministic) {
   MLADCP_SKIP_WITHOUT_GPU();
   const int H = 16, q_len = 2;
-  // The last sequence only makes the batch's max_seq_len (the grid bound) larger than any single one.
-  const synthetic::Problem prob = make_problem(config(H, q_len, 64, {1500, 37, 4096, 0, 900, 6000}, 41));
+  // The last sequence only makes the batch's max_seq_len (the grid bound) larger than any single one, and its nine
+  // splits put the batch's combine in its mode for rows of many states (the others alone: few states).
+  const synthetic::Problem prob = make_problem(config(H, q_len, 64, {1500, 37, 4096, 0, 900, 17000}, 41));
   DeviceProblem dev(prob);
   auto cuda = make_backend("cuda");
   MlaDecodeParams all = dev.params(prob, nullptr, DType::kBF16, nullptr, LseBase::kE);
