@@ -33,9 +33,9 @@ __device__ __forceinline__ void store4(void* out, bool fp32, int64_t i, float4 v
 
 // The combine kernel: 8 warps per CTA, units strided over the grid (at most kCombineCtasPerSm CTAs per SM). Two
 // modes, chosen by the host from what it knows of the state counts (launch_decode):
-//  - rows of few states (a split plan of at most kCombineFewStates splits, or a balanced plan of whole sequences):
-//    a unit is a group of 8 consecutive rows, each merged by one warp, states in order (a row of more states in
-//    such a group: by the CTA's 8 warps together, as below);
+//  - rows of few states (a split plan of at most kCombineFewStates splits, or a balanced plan of at least one
+//    sequence per kCombineFewStates parts): a unit is a group of 8 consecutive rows, each merged by one warp, states in
+//    order (a row of more states in such a group: by the CTA's 8 warps together, as below);
 //  - otherwise a unit is one row, merged by the 8 warps together: warp w adds states w, w + 8, ..., and the 8
 //    sums are added in warp order.
 // Both give the same bits for a row of at most 8 states (the sums start from +0, so the warp-order sum of one
@@ -241,9 +241,10 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
   }
   MLADCP_RETURN_IF_ERROR(cuda_status(e, "mla_decode_split_kernel launch"));
   if (p.max_splits > 1 || p.parts > 0) {
-    // Few states per row: a split plan of at most kCombineFewStates splits, or a balanced plan that puts whole
-    // sequences on its parts (a sequence cut there spans two or three parts).
-    const bool few = p.parts > 0 ? p.whole_short : p.max_splits <= kCombineFewStates;
+    // Few states per row: a split plan of at most kCombineFewStates splits, or a balanced plan of at least one
+    // sequence per kCombineFewStates parts (sequences of similar lengths then span at most about that many).
+    const bool few =
+        p.parts > 0 ? int64_t(p.num_seqs) * kCombineFewStates >= p.parts : p.max_splits <= kCombineFewStates;
     const int group_rows = few ? kCombineWarps : 1;
     const int64_t rows = int64_t(p.num_seqs) * p.rows_per_seq;
     int64_t blocks = (rows + group_rows - 1) / group_rows;

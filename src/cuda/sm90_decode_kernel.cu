@@ -779,7 +779,7 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
   if (q_copied) {
     const cuuint64_t q_dims[2] = {cuuint64_t(kQkDim), cuuint64_t(int64_t(p.num_seqs) * p.q_len * p.num_heads)};
     const cuuint64_t q_strides[1] = {cuuint64_t(p.q_stride_head) * 2};
-    const cuuint32_t q_box[2] = {64, cuuint32_t(kRows)};
+    const cuuint32_t q_box[2] = {64, cuuint32_t(p.rows_per_seq < kRows ? p.rows_per_seq : kRows)};
     const cuuint32_t q_elem_strides[2] = {1, 1};
     if (encode_fn()(&q_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(p.q), q_dims, q_strides, q_box,
                     q_elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,

@@ -324,12 +324,14 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
 // warpgroup's second warp): each segment's 64 query rows, column block by column block on the q_full barriers, as
 // soon as the consumers have released q_s (q_empty: the previous segment's last scores retired, or its staged
 // output written): the first scores start on block 0, and a CTA's next sequence's queries load behind the current
-// one's last products. Rows past the sequence's R rows hold the next sequence's queries (or zeros past the
-// matrix): scores of rows that are never written.
+// one's last products. A sequence of fewer than 64 rows copies its R rows only (rows [R, 64) keep whatever q_s
+// held); in a chunk of 64 rows past the first, rows past R hold the next sequence's queries (or zeros past the
+// matrix). Either way the scores of those rows are all masked (no visible keys) and the rows are never written.
 __device__ __forceinline__ void copy_queries(const DecodeKernelParams& p, const CUtensorMap* q_map, Segments segs,
                                              uint8_t* smem) {
   const uint32_t q_full = smem_addr(smem + Smem::q_full), q_empty = smem_addr(smem + Smem::q_empty);
   const uint32_t q_s = smem_addr(smem + Smem::q);
+  const uint32_t box_bytes = uint32_t(min(kRows, p.rows_per_seq)) * 128;  // the map's box: min(64, R) rows
   int loads = 0;
   CtaWork w;
   while (segs.next(p, w)) {
@@ -338,7 +340,7 @@ __device__ __forceinline__ void copy_queries(const DecodeKernelParams& p, const 
     const int row = int(int64_t(w.seq) * p.q_len * p.num_heads + w.row0);
 #pragma unroll 1
     for (int c = 0; c < kSubTiles; ++c) {
-      mbar_arrive_expect_tx(bar_addr(q_full, c), kBlockBytes);
+      mbar_arrive_expect_tx(bar_addr(q_full, c), box_bytes);
       tma_load_2d(q_s + uint32_t(c * kBlockBytes), q_map, bar_addr(q_full, c), c * 64, row);
     }
     ++loads;
