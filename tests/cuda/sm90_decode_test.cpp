@@ -407,6 +407,47 @@ TEST(Sm90Decode, RunningMaximumRaisedMidSequence) {
   for (const synthetic::Problem& prob : problems) EXPECT_TRUE(matches_oracle(*hopper, prob, "default"));
 }
 
+// Query rows at a padded head stride in one group (q_stride_token = H · q_stride_head): the layout the producer copies
+// as one matrix, which must read none of the padding (NaN); 16 rows (a box of 16) and 128 (two chunks), bf16 output
+// (staged) and the LSE, under both schedules of the kernel (the balanced one copies a part's next queries behind its
+// current sequence).
+TEST(Sm90Decode, CopiedQueriesWithPaddedRows) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  for (const int H : {16, 128}) {
+    const synthetic::Problem prob = make_problem(config(H, 1, 64, {0, 700, 2100, 5, 64}, uint64_t(230 + H)));
+    const DecodeBuffers want = expected_decode(prob, LseBase::kE);
+    const std::vector<float> want_out = want.out_float();
+    const int64_t T = prob.num_tokens(), qsh = kQkDim + 64;
+    std::vector<uint16_t> padded(size_t(T * H * qsh), 0x7fc0);  // NaN padding: must never be read
+    for (int64_t r = 0; r < T * H; ++r)
+      std::copy_n(&prob.q[size_t(r * kQkDim)], kQkDim, &padded[size_t(r * qsh)]);
+    const DeviceProblem dev(prob);
+    const DeviceBuffer q_dev = to_device(padded);
+    for (const cuda_plan::Schedule schedule : {cuda_plan::Schedule::kSplits, cuda_plan::Schedule::kBalanced}) {
+      CudaBackendOptions o;
+      o.fill_schedule = schedule;
+      auto cuda = make_cuda_backend(o);
+      GuardedBuffer out(DType::kBF16, size_t(T * H * kLatentDim)), lse(DType::kFP32, size_t(T * H));
+      MlaDecodeParams p = dev.params(prob, out.data(), DType::kBF16, lse.as<float>(), LseBase::kE);
+      p.q = q_dev.data();
+      p.q_stride_head = qsh;
+      p.q_stride_token = H * qsh;
+      p.split_policy = SplitPolicy::kFillDevice;
+      MLADCP_ASSERT_OK(run_device_decode(*cuda, p));
+      const std::string what = describe(prob.config) + (schedule == cuda_plan::Schedule::kBalanced ? ", balanced" : "");
+      ::testing::AssertionResult ok = ::testing::AssertionSuccess();
+      const std::vector<float> got = out.download_float(&ok);
+      ASSERT_TRUE(ok) << ok.message();
+      const Comparison c = compare(got, want_out, cuda_decode_tolerance(), "out", want.out_dims());
+      EXPECT_TRUE(c.ok) << what << "\n  " << c.report;
+      const std::vector<float> got_lse = lse.download_float(&ok);
+      ASSERT_TRUE(ok) << ok.message();
+      const Comparison l = compare(got_lse, *want.lse, lse_tolerance(), "lse", want.lse_dims());
+      EXPECT_TRUE(l.ok) << what << "\n  " << l.report;
+    }
+  }
+}
+
 // A sequence's result does not depend on the rest of the batch nor on max_seq_len: bitwise.
 TEST(Sm90Decode, BatchInvariantAndDeterministic) {
   MLADCP_SKIP_WITHOUT_GPU();
