@@ -9,7 +9,8 @@
 //
 // Threads: three warpgroups (384).
 //   warpgroup 2, the producer: one thread reads the block table and issues bulk tensor copies (TMA) of
-//     64-key × 64-dim sub-tiles into a two-stage ring; `setmaxnreg` gives its registers to the others.
+//     64-key × 64-dim sub-tiles into a two-stage ring; another copies the query rows (bf16 caches whose query
+//     rows form one matrix; else the consumers load them); `setmaxnreg` gives its registers to the others.
 //   warpgroups 0 and 1, the consumers (schedule: docs/cuda.md, "The Hopper kernel"): warpgroup w scores the tiles of
 //     stage w (S = Q·Kᵀ, 36 × wgmma.m64n64k16 from shared memory) and owns output columns
 //     [256w, 256w + 256) of every tile (O_w = O_w·α + P·V_w, 4 × wgmma.m64n256k16 per tile; its own
@@ -17,7 +18,8 @@
 //     key tile, so keys are stored once and serve as K and V).
 //
 // Shared memory (every tile in the 128-byte-swizzle canonical layout, 1024-byte aligned):
-//   q_s  [9 column blocks][64 rows][128 B]  query rows (64 dims per column block), loaded per sequence
+//   q_s  [9 column blocks][64 rows][128 B]  query rows (64 dims per column block), loaded per piece of work;
+//                                            after the last scores, the staged bf16 output (epilogue)
 //   kv_s [2 stages][9][64 keys][128 B]       the ring: stage t % 2 holds tile t; once tile a's scores
 //                                            are done, stage 0's column block 8 (rope dims, read only by
 //                                            the scores) holds P_a for warpgroup 1
@@ -29,6 +31,7 @@
 //                                            released by both consumers
 //   seg  SegmentState                        the consumers' current and next piece of work (balanced
 //                                            schedule: several sequences per CTA)
+//   q_full[9], q_empty mbarriers             a copied query block landed; q_s released by the consumers
 // Byte (r, chunk c) of a [9][64][128 B] tile: (c / 8) · 8192 + r · 128 + ((c % 8) ^ (r % 8)) · 16, the
 // layout the copy engine writes with CU_TENSOR_MAP_SWIZZLE_128B.
 #include <cuda.h>

@@ -419,8 +419,7 @@ TEST(Sm90Decode, CopiedQueriesWithPaddedRows) {
     const std::vector<float> want_out = want.out_float();
     const int64_t T = prob.num_tokens(), qsh = kQkDim + 64;
     std::vector<uint16_t> padded(size_t(T * H * qsh), 0x7fc0);  // NaN padding: must never be read
-    for (int64_t r = 0; r < T * H; ++r)
-      std::copy_n(&prob.q[size_t(r * kQkDim)], kQkDim, &padded[size_t(r * qsh)]);
+    for (int64_t r = 0; r < T * H; ++r) std::copy_n(&prob.q[size_t(r * kQkDim)], kQkDim, &padded[size_t(r * qsh)]);
     const DeviceProblem dev(prob);
     const DeviceBuffer q_dev = to_device(padded);
     for (const cuda_plan::Schedule schedule : {cuda_plan::Schedule::kSplits, cuda_plan::Schedule::kBalanced}) {
