@@ -57,11 +57,19 @@ __global__ void fill_fp8(uint8_t* p, size_t n, uint64_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     p[i] = mladcp::numeric::float_to_fp8e4m3(8.0f * normalish(seed, i));
 }
+#if MLADCP_SM90_TIMELINE
+__device__ unsigned long long g_spin_end;  // %globaltimer at the spin kernel's end: the timeline's origin
+#endif
 // Busy-waits for `cycles` SM clock cycles: the calls queued behind it start back to back.
 __global__ void spin(long long cycles) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
   }
+#if MLADCP_SM90_TIMELINE
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  g_spin_end = t;
+#endif
 }
 
 void fill_random_bf16(void* p, size_t n, uint64_t seed, float scale = 1.0f) {

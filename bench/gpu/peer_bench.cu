@@ -13,6 +13,11 @@
 //                                      fp8-all] [--hot-pages N]
 // fp8 policies: the same case on an fp8-e4m3 copy of the cache (kv_scale 1/8; no peer runs it): fp8 the default
 // backend, fp8-portable the portable kernel, fp8-all every row count on the Hopper fp8 kernel.
+// --timeline (a build with -DMLADCP_SM90_TIMELINE=ON): after each case, one more call with the Hopper kernel's per-CTA
+// timeline (src/cuda/sm90_timeline.cuh), printed as
+//   TIMELINE mladcp[-policy] h b s_q ctx variant ctas=N pieces=P start=FIRST..LAST end=E <point>=MEDIAN/MAX ...
+//   [combine=START..END]
+// (µs; start, end and combine after the spin kernel's end, the points after each CTA's own start).
 // --hot-pages N: every block-table entry names one of N pages (the keys stay in L2; an experiment that
 // separates the kernel's own schedule from its key loads, not a peer configuration).
 // Output per configuration and policy:
@@ -33,6 +38,8 @@
 
 #include "bench_util.cuh"
 #include "cuda/cuda_backend.h"
+#include "cuda/sm90_decode.h"
+#include "cuda/sm90_timeline.cuh"
 #include "mladcp/backend.h"
 #include "mladcp/config.h"
 
@@ -105,8 +112,54 @@ struct Policy {
   bool fp8 = false;                    // the fp8-e4m3 copy of the cache
 };
 
+#if MLADCP_SM90_TIMELINE
+// One more call of the case behind the spin kernel, and its timeline.
+void print_timeline(mladcp::Backend& be, const mladcp::MlaDecodeParams& p, const mladcp::ExecContext& ctx,
+                    cudaStream_t stream, long long spin_cycles, const char* tag, const PeerConfig& c) {
+  namespace tl = mladcp::cuda_impl::sm90_timeline;
+  CHECK_CUDA(mladcp::cuda_impl::sm90_timeline_reset());
+  CHECK_CUDA(mladcp::cuda_impl::combine_timeline_reset());
+  CHECK_CUDA(cudaDeviceSynchronize());
+  spin<<<1, 1, 0, stream>>>(spin_cycles);
+  CHECK_OK(be.decode(p, ctx));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<uint64_t> pts(size_t(tl::kCtas) * tl::kPoints);
+  uint64_t comb[2] = {0, 0};
+  unsigned long long spin_end = 0;
+  CHECK_CUDA(mladcp::cuda_impl::sm90_timeline_read(pts.data()));
+  CHECK_CUDA(mladcp::cuda_impl::combine_timeline_read(comb));
+  CHECK_CUDA(cudaMemcpyFromSymbol(&spin_end, g_spin_end, sizeof(spin_end)));
+  auto us = [&](uint64_t t, uint64_t from) { return double(int64_t(t - from)) * 1e-3; };
+  std::vector<std::vector<double>> rel(tl::kLastCopy + 1);
+  std::vector<double> pieces;
+  double first = 1e30, last = -1e30, end = -1e30;
+  int ctas = 0;
+  for (int b = 0; b < tl::kCtas; ++b) {
+    const uint64_t* e = &pts[size_t(b) * tl::kPoints];
+    if (e[tl::kStart] == 0 || e[tl::kSetup] == 0) continue;  // not launched, or exited before any work
+    ++ctas;
+    first = std::min(first, us(e[tl::kStart], spin_end));
+    last = std::max(last, us(e[tl::kStart], spin_end));
+    for (int i = tl::kSetup; i <= tl::kLastCopy; ++i)
+      if (e[i]) rel[size_t(i)].push_back(us(e[i], e[tl::kStart]));
+    for (const int i : {tl::kWrittenWg0, tl::kWrittenWg1})
+      if (e[i]) end = std::max(end, us(e[i], spin_end));
+    pieces.push_back(double(e[tl::kPieces]));
+  }
+  std::printf("TIMELINE %s %d %d %d %d %s ctas=%d pieces=%.0f start=%.2f..%.2f end=%.2f", tag, c.h, c.b, c.s_q, c.ctx,
+              c.variant.c_str(), ctas, median(pieces), first, last, end);
+  for (int i = tl::kSetup; i <= tl::kLastCopy; ++i) {
+    const std::vector<double>& v = rel[size_t(i)];
+    std::printf(" %s=%.2f/%.2f", tl::kNames[i], median(v), v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()));
+  }
+  if (comb[1] != 0) std::printf(" combine=%.2f..%.2f", us(comb[0], spin_end), us(comb[1], spin_end));
+  std::printf("\n");
+  std::fflush(stdout);
+}
+#endif
+
 void run(mladcp::Backend& default_backend, const PeerConfig& c, const std::vector<Policy>& policies, int reps,
-         int warmup, long long spin_cycles, int hot_pages) {
+         int warmup, long long spin_cycles, int hot_pages, bool timeline) {
   using namespace mladcp;
   Case k = make_case(c);
   if (hot_pages > 0)
@@ -192,6 +245,11 @@ void run(mladcp::Backend& default_backend, const PeerConfig& c, const std::vecto
     std::printf("RESULT %s %d %d %d %d %s %.2f %.1f %.2f\n", pol.tag, c.h, c.b, c.s_q, c.ctx, c.variant.c_str(), us,
                 bytes / (us * 1e-6) / 1e9, flops / (us * 1e-6) / 1e12);
     std::fflush(stdout);
+#if MLADCP_SM90_TIMELINE
+    if (timeline) print_timeline(be, p, ctx, stream, spin_cycles, pol.tag, c);
+#else
+    (void)timeline;
+#endif
     if (ws) CHECK_CUDA(cudaFree(ws));
   }
   CHECK_CUDA(cudaStreamDestroy(stream));
@@ -204,6 +262,7 @@ void run(mladcp::Backend& default_backend, const PeerConfig& c, const std::vecto
 int main(int argc, char** argv) {
   std::string configs, policies_arg = "default";
   int reps = 30, warmup = 5, only = -1, hot_pages = 0;
+  bool timeline = false;
   long long spin_cycles = 2000000;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -222,15 +281,23 @@ int main(int argc, char** argv) {
       policies_arg = argv[++i];
     else if (a == "--hot-pages" && has)
       hot_pages = std::atoi(argv[++i]);
+    else if (a == "--timeline")
+      timeline = true;
     else {
       std::fprintf(stderr,
                    "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
                    "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,fp8,fp8-portable,fp8-all] "
-                   "[--hot-pages N]\n",
+                   "[--hot-pages N] [--timeline]\n",
                    argv[0]);
       return 2;
     }
   }
+#if !MLADCP_SM90_TIMELINE
+  if (timeline) {
+    std::fprintf(stderr, "--timeline: this build has no timeline (configure with -DMLADCP_SM90_TIMELINE=ON)\n");
+    return 2;
+  }
+#endif
   if (configs.empty() || reps < 1 || warmup < 0) {
     std::fprintf(stderr, "--configs FILE is required; --reps >= 1, --warmup >= 0\n");
     return 2;
@@ -290,6 +357,6 @@ int main(int argc, char** argv) {
   std::printf("DEVICE mladcp %s %d SMs\n", prop.name, prop.multiProcessorCount);
   const std::vector<PeerConfig> cfgs = read_configs(configs);
   for (size_t i = 0; i < cfgs.size(); ++i)
-    if (only < 0 || size_t(only) == i) run(*be, cfgs[i], policies, reps, warmup, spin_cycles, hot_pages);
+    if (only < 0 || size_t(only) == i) run(*be, cfgs[i], policies, reps, warmup, spin_cycles, hot_pages, timeline);
   return 0;
 }

@@ -18,6 +18,23 @@ MLADCP_DECLARE_SPLIT_KERNEL(1, true)
 MLADCP_DECLARE_SPLIT_KERNEL(2, true)
 MLADCP_DECLARE_SPLIT_KERNEL(4, true)
 
+#if MLADCP_SM90_TIMELINE
+// The combine kernel's first start and last end (sm90_timeline.cuh).
+__device__ uint64_t g_combine_times[2];
+cudaError_t combine_timeline_reset() {
+  const uint64_t v[2] = {~uint64_t(0), 0};
+  return cudaMemcpyToSymbol(g_combine_times, v, sizeof(v));
+}
+cudaError_t combine_timeline_read(uint64_t* combine) {
+  return cudaMemcpyFromSymbol(combine, g_combine_times, sizeof(g_combine_times));
+}
+__device__ __forceinline__ uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
+
 namespace {
 
 __device__ __forceinline__ void store4(void* out, bool fp32, int64_t i, float4 v) {
@@ -155,21 +172,9 @@ __device__ void combine_row_by_cta(const DecodeKernelParams& p, int64_t row, flo
   __syncthreads();  // part is reused
 }
 
-// group_rows: 8 (rows of few states) or 1 (see above).
-__global__ void __launch_bounds__(kCombineWarps * 32)
-    mla_decode_combine_kernel(const DecodeKernelParams p, int group_rows) {
-  __shared__ float4 part[kCombineWarps][kLatentDim / 4];
-  __shared__ int many[kCombineWarps];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the Hopper split kernel: wait for its partial states.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t rows = int64_t(p.num_seqs) * p.rows_per_seq;
-  if (group_rows == 1) {
-    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) combine_row_by_cta(p, row, part);
-    return;
-  }
+// The units of 8 rows (the mode for rows of few states).
+__device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4 (*part)[kLatentDim / 4], int* many,
+                               int lane, int warp) {
   for (int64_t group = blockIdx.x; group * kCombineWarps < rows; group += gridDim.x) {
     // A row of few states: this warp alone, states in order.
     const int64_t row = group * kCombineWarps + warp;
@@ -192,6 +197,30 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
       if (many[r]) combine_row_by_cta(p, group * kCombineWarps + r, part);
     __syncthreads();  // many[] is rewritten for the next group
   }
+}
+
+// group_rows: 8 (rows of few states) or 1 (see above).
+__global__ void __launch_bounds__(kCombineWarps * 32)
+    mla_decode_combine_kernel(const DecodeKernelParams p, int group_rows) {
+  __shared__ float4 part[kCombineWarps][kLatentDim / 4];
+  __shared__ int many[kCombineWarps];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the Hopper split kernel: wait for its partial states.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+#if MLADCP_SM90_TIMELINE
+  if (threadIdx.x == 0) atomicMin(reinterpret_cast<unsigned long long*>(&g_combine_times[0]), globaltimer());
+#endif
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t rows = int64_t(p.num_seqs) * p.rows_per_seq;
+  if (group_rows == 1) {
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) combine_row_by_cta(p, row, part);
+  } else {
+    combine_groups(p, rows, part, many, lane, warp);
+  }
+#if MLADCP_SM90_TIMELINE
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned long long*>(&g_combine_times[1]), globaltimer());
+#endif
 }
 
 template <int MT>

@@ -32,6 +32,15 @@ cudaError_t set_sm90_decode_smem();
 // `stream`; the caller launches the combine kernel when p.max_splits > 1.
 cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, cudaStream_t stream);
 
+#if MLADCP_SM90_TIMELINE
+// The timeline (sm90_timeline.cuh) of the Hopper kernel's last launches: cleared, or read into
+// points[sm90_timeline::kCtas][sm90_timeline::kPoints]; the combine kernel's first start and last end (combine[2]).
+cudaError_t sm90_timeline_reset();
+cudaError_t sm90_timeline_read(uint64_t* points);
+cudaError_t combine_timeline_reset();
+cudaError_t combine_timeline_read(uint64_t* combine);
+#endif
+
 // fp8 kernel: dynamic shared memory for 16 or 32 rows per CTA (bytes; about 206 and 226 KiB).
 size_t sm90_fp8_decode_smem_bytes(int rows_per_cta);
 

@@ -361,6 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;
+  if (tid == 0) MLADCP_TIMELINE(kStart);
 
   Segments segs;
   segs.balanced = p.parts > 0;
@@ -385,6 +386,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (segs.balanced) segs.cur = balanced_start(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red));
   __syncthreads();
+  if (tid == 0) {
+    MLADCP_TIMELINE(kSetup);
+    unsigned sm;
+    asm("mov.u32 %0, %%smid;" : "=r"(sm));
+    MLADCP_TIMELINE_SET(kSm, sm);
+    (void)sm;
+  }
 
   if (wg == 2) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kFp8 ? kProducerRegsFp8 : kProducerRegs));
@@ -467,6 +475,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t q_full = q_copied ? smem_addr(smem + Smem::q_full) : 0u;
     const uint32_t q_parity = uint32_t(q_loads) & 1;
     if (npairs > 0) ++q_loads;
+    if (tid == 0) {
+      if (k == 0) MLADCP_TIMELINE(kPieceStart);
+      MLADCP_TIMELINE_ADD(kPieces, 1);
+    }
     auto release_queries = [&](int i) {
       if (q_copied && !staged && i + 1 == npairs) {
         __syncwarp();
@@ -501,6 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         issue_scores<kFp8, 0>(s, q_lo, k_lo0, full, uint32_t(g0) & 1, q_full, q_parity);
         wgmma_wait<0>();
         fence_regs(s);
+        if (tid == 0 && k == 0) MLADCP_TIMELINE(kScoresWg0);
       }
       for (int i = 0; i < npairs; ++i) {
         release_queries(i);
@@ -574,6 +587,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         issue_scores<kFp8, 4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), uint32_t(g0) & 1, q_full, q_parity);
         wgmma_wait<0>();
         fence_regs(s);
+        if (tid == 128 && k == 0) MLADCP_TIMELINE(kScoresWg1);
       }
       for (int i = 0; i < npairs; ++i) {
         release_queries(i);
@@ -636,8 +650,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_wait<0>();
     fence_regs(o);
+    if (tid == 0) MLADCP_TIMELINE(kLoopWg0);
+    if (tid == 128) MLADCP_TIMELINE(kLoopWg1);
 
-    // ---- row sums of both warpgroups ----
+      // ---- row sums of both warpgroups ----
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], 1);
@@ -648,6 +664,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       red[(4 + wg) * 64 + st.rs[1]] = st.l[1];
     }
     named_bar_sync(kBarConsumers, kConsumerThreads);
+    if (tid == 0) MLADCP_TIMELINE(kRowSums);
 
     // ---- write: final output (one split) or the partial state (several) ----
     const bool direct = w.direct;
@@ -720,6 +737,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (w.record && tid == 0) p.ws_record[w.seq] = w.rec;
+    if (tid == 0) MLADCP_TIMELINE(kWrittenWg0);
+    if (tid == 128) MLADCP_TIMELINE(kWrittenWg1);
     g0 += npairs;
   }  // segments
   // The combine kernel (launched as a programmatic dependent) may start its prologue now; it waits for
@@ -741,6 +760,17 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }
 
 }  // namespace
+
+#if MLADCP_SM90_TIMELINE
+cudaError_t sm90_timeline_reset() {
+  void* a = nullptr;
+  const cudaError_t e = cudaGetSymbolAddress(&a, sm90_timeline::g_points);
+  return e != cudaSuccess ? e : cudaMemset(a, 0, sizeof(sm90_timeline::g_points));
+}
+cudaError_t sm90_timeline_read(uint64_t* points) {
+  return cudaMemcpyFromSymbol(points, sm90_timeline::g_points, sizeof(sm90_timeline::g_points));
+}
+#endif
 
 bool sm90_decode_block_size_ok(int block_size) {
   return block_size == 16 || block_size == 32 || (block_size >= 64 && block_size % 64 == 0);

@@ -18,6 +18,7 @@
 #include "cuda/decode_kernel.cuh"
 #include "cuda/sm90_fp8_ring_layout.h"
 #include "cuda/sm90_ptx.cuh"
+#include "cuda/sm90_timeline.cuh"
 
 namespace mladcp::cuda_impl::sm90_ring {
 
@@ -316,6 +317,8 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
       if (g > 0) mbar_wait(bar_addr(empty, 2), prev);
       ok[1] = present_bits(tb, kt + kTile, w.k_end);
       copy_blocks(tb, 1, 0, 4);
+      if (g == 0) MLADCP_TIMELINE(kFirstCopy);
+      MLADCP_TIMELINE(kLastCopy);
     }
   }
 }

@@ -8,7 +8,8 @@
 #                                                           peers (FlashMLA side by side, see below),
 #                                                           profile (Nsight Compute on three configurations),
 #                                                           variants (compile-time variants of the Hopper kernel),
-#                                                           peerprofile (Nsight Compute on FlashMLA's split kernel and mladcp's)
+#                                                           peerprofile (Nsight Compute on FlashMLA's split kernel and mladcp's),
+#                                                           timeline (the Hopper kernel's per-CTA timeline, below)
 #
 # peers: FlashMLA, a measuring instrument kept outside the project, side by side in the same call. Here:
 #   cp -a ../shared/peers .peers && echo /.peers/ >> .git/info/exclude     (then carry ".peers")
@@ -34,6 +35,10 @@
 #                            carry build/var): each variant's tests (MLADCP_VARIANT_TESTS, default Sm90*:CudaSanitize*)
 #                            run, then it is timed as "mladcp-var-NAME"; no build on the GPU machine
 #   MLADCP_GPU_NCCL=ON       build the NCCL communicator too (the Python module's DcpDecoder tests use it)
+#   MLADCP_TIMELINE_BENCH=f  timeline stage: a mladcp_peer_bench built with -DMLADCP_SM90_TIMELINE=ON elsewhere (else it
+#                            is built here in build/gpu-timeline)
+#   MLADCP_TIMELINE_CONFIGS  timeline stage: configs.txt-style file (default tools/gpu/timeline_configs.txt)
+#   MLADCP_TIMELINE_POLICIES timeline stage: mladcp_peer_bench --policies (default: default)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -279,6 +284,27 @@ if want peerprofile; then
     note "peerprofile mladcp $line: rc $?"
     rm -f "$cfg"
   done <<<"${MLADCP_PEERPROFILE_CONFIGS:-public 128 16 1 65536 fixed}"
+fi
+
+if want timeline; then
+  # Where a CTA's time goes, without a profiler (src/cuda/sm90_timeline.cuh): one more call of each case with
+  # %globaltimer marks per CTA (start, first scores, loop end, output written, first and last copy) and the
+  # combine's span, printed as TIMELINE lines by mladcp_peer_bench --timeline.
+  tbench="${MLADCP_TIMELINE_BENCH:-}"
+  if [ -z "$tbench" ] || ! [ -x "$tbench" ]; then
+    tbuild="$root/build/gpu-timeline"
+    cmake -S "$root" -B "$tbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLADCP_DEPS_DIR="$root/.deps" \
+      -DMLADCP_WITH_CUDA=ON -DMLADCP_WITH_NCCL=OFF -DMLADCP_WITH_MPI=OFF -DMLADCP_BUILD_APPS=OFF -DMLADCP_BUILD_TESTS=OFF \
+      -DMLADCP_BUILD_EXAMPLES=OFF -DMLADCP_PYTHON=OFF -DMLADCP_BUILD_BENCH=ON -DMLADCP_SM90_TIMELINE=ON \
+      "-DMLADCP_CUDA_GENCODE_PORTABLE=${MLADCP_GPU_ARCH:-}" >"$out/timeline.log" 2>&1 &&
+      ninja -C "$tbuild" -j "$(nproc)" mladcp_peer_bench >>"$out/timeline.log" 2>&1
+    note "timeline: build rc $?"
+    tbench="$tbuild/bench/gpu/mladcp_peer_bench"
+  fi
+  timeout "$(cap 200 5)" "$tbench" --configs "${MLADCP_TIMELINE_CONFIGS:-tools/gpu/timeline_configs.txt}" \
+    --policies "${MLADCP_TIMELINE_POLICIES:-default}" --timeline >>"$out/timeline.log" 2>&1
+  note "timeline: rc $?"
+  grep -E '^TIMELINE' "$out/timeline.log"
 fi
 
 {
