@@ -9,8 +9,9 @@
 // with events right around the call (device time only); the median. One key cache, no rotation.
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
-//                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,fp8,fp8-portable,
-//                                      fp8-all] [--hot-pages N]
+//                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fp8,
+//                                      fp8-portable,fp8-all] [--hot-pages N] [--timeline]
+// loaded-queries: the default with the Hopper kernel's consumers loading the query rows (no copy by the producer).
 // fp8 policies: the same case on an fp8-e4m3 copy of the cache (kv_scale 1/8; no peer runs it): fp8 the default
 // backend, fp8-portable the portable kernel, fp8-all every row count on the Hopper fp8 kernel.
 // --timeline (a build with -DMLADCP_SM90_TIMELINE=ON): after each case, one more call with the Hopper kernel's per-CTA
@@ -284,11 +285,13 @@ int main(int argc, char** argv) {
     else if (a == "--timeline")
       timeline = true;
     else {
-      std::fprintf(stderr,
-                   "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
-                   "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,fp8,fp8-portable,fp8-all] "
-                   "[--hot-pages N] [--timeline]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
+          "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fp8,fp8-portable,"
+          "fp8-all] "
+          "[--hot-pages N] [--timeline]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -317,6 +320,9 @@ int main(int argc, char** argv) {
   mladcp::CudaBackendOptions portable_opt;
   portable_opt.hopper_kernel = false;
   const std::unique_ptr<mladcp::Backend> portable = mladcp::make_cuda_backend(portable_opt);
+  mladcp::CudaBackendOptions loaded_opt;
+  loaded_opt.copy_queries = false;
+  const std::unique_ptr<mladcp::Backend> loaded = mladcp::make_cuda_backend(loaded_opt);
   mladcp::CudaBackendOptions fp8_all_opt;
   fp8_all_opt.hopper_fp8_max_rows = 1 << 30;
   const std::unique_ptr<mladcp::Backend> fp8_all = mladcp::make_cuda_backend(fp8_all_opt);
@@ -337,6 +343,8 @@ int main(int argc, char** argv) {
       policies.push_back({"mladcp-balanced", true, mladcp::SplitPolicy::kFillDevice, true, balanced.get()});
     else if (name == "hopper-all")
       policies.push_back({"mladcp-hopper-all", true, mladcp::SplitPolicy::kFillDevice, true, hopper_all.get()});
+    else if (name == "loaded-queries")
+      policies.push_back({"mladcp-loaded-queries", false, mladcp::SplitPolicy::kBatchInvariant, true, loaded.get()});
     else if (name == "fp8")
       policies.push_back({"mladcp-fp8", false, mladcp::SplitPolicy::kBatchInvariant, true, nullptr, true});
     else if (name == "fp8-portable")
@@ -346,8 +354,8 @@ int main(int argc, char** argv) {
       policies.push_back({"mladcp-fp8-all", false, mladcp::SplitPolicy::kBatchInvariant, true, fp8_all.get(), true});
     else {
       std::fprintf(stderr,
-                   "--policies: '%s' is not default, invariant, fill, nolse, splits, balanced, hopper-all, fp8, "
-                   "fp8-portable or fp8-all\n",
+                   "--policies: '%s' is not default, invariant, fill, nolse, splits, balanced, hopper-all, "
+                   "loaded-queries, fp8, fp8-portable or fp8-all\n",
                    name.c_str());
       return 2;
     }

@@ -26,6 +26,9 @@ struct CudaBackendOptions {
   int hopper_fp8_max_rows = cuda_plan::kHopperFp8MaxRows;
   bool single_stage = false;  // true: the single-buffered portable pipeline (the layout of devices with
                               // less shared memory), so that it can be tested on any device
+  // The Hopper kernel on bf16 caches: a producer thread copies the query rows when they form one matrix (false: the
+  // consumers load them, as for other layouts; comparisons).
+  bool copy_queries = true;
 };
 
 // The layout rules of the cuda kernels for a call that passed validate_decode (p with default

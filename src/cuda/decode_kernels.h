@@ -19,7 +19,8 @@ struct DecodeKernelParams {
   int kv_stages = 2;         // 2: double-buffered key tiles; 1: single buffer (devices with less shared memory)
   bool sm90 = false;         // 64-row bf16 CTAs run the Hopper kernel (sm90_decode.h) instead of the portable one
   bool sm90_fp8 = false;     // 16- or 32-row fp8 CTAs run the Hopper fp8 kernel (sm90_decode.h)
-  int sm_count = 0;          // the device's SMs (bounds the combine kernel's grid; 0: one CTA per 4 rows)
+  int sm_count = 0;          // the device's SMs (bounds the combine kernel's grid; 0: one CTA per 8 rows)
+  bool copy_queries = true;  // Hopper kernel, bf16: query rows copied by the producer where they form one matrix
 
   const uint16_t* q = nullptr;  // bf16
   int64_t q_stride_token = 0, q_stride_head = 0, q_stride_group = 0;

@@ -807,7 +807,7 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
   // rows written 128-byte swizzled: the producer copies them (bf16 caches; the fp8 path rescales them per row).
   CUtensorMap q_map;
   std::memset(&q_map, 0, sizeof(q_map));
-  const bool q_copied = !fp8 && p.head_group_size == p.num_heads &&
+  const bool q_copied = p.copy_queries && !fp8 && p.head_group_size == p.num_heads &&
                         p.q_stride_token == int64_t(p.num_heads) * p.q_stride_head && p.q_stride_head >= kQkDim;
   if (q_copied) {
     const cuuint64_t q_dims[2] = {cuuint64_t(kQkDim), cuuint64_t(int64_t(p.num_seqs) * p.q_len * p.num_heads)};

@@ -30,8 +30,8 @@ enum Point : int {
 };
 constexpr int kCtas = 4096;
 // Names of the time points kSetup .. kLastCopy, as printed.
-constexpr const char* kNames[] = {"start",  "setup",  "piece", "scores0", "scores1", "loop0",
-                                  "loop1",  "rowsum", "out0",  "out1",    "copy0",   "copylast"};
+constexpr const char* kNames[] = {"start", "setup",  "piece", "scores0", "scores1", "loop0",
+                                  "loop1", "rowsum", "out0",  "out1",    "copy0",   "copylast"};
 
 }  // namespace mladcp::cuda_impl::sm90_timeline
 
