@@ -10,7 +10,9 @@
 #   MLADCP_GPU_VARIANT_DIRS="base=build/var/base try1=build/var/try1" MLADCP_PEERS_MLADCP_ONLY=1 \
 #     MLADCP_VARIANT_POLICY=fp8 MLADCP_PEER_CONFIGS=tools/gpu/fp8_configs.txt tools/gpu/run.sh variants
 #
-# About 14 MB per variant (the carry limit is 64 MiB in all). Needs .deps (tools/gpu/prepare_deps.sh).
+# The folder also holds cuda_state_test and mladcp_gpu_bench, so that it serves as MLADCP_GPU_PREBUILT (tools/gpu/run.sh
+# build test sanitize peers without building there). About 20 MB per variant (the carry limit is 64 MiB in all). Needs
+# .deps (tools/gpu/prepare_deps.sh).
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 NAME" >&2; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -19,8 +21,11 @@ build="$root/build/gpu-variant"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLADCP_DEPS_DIR="$root/.deps" -DMLADCP_WITH_CUDA=ON \
   -DMLADCP_WITH_NCCL=OFF -DMLADCP_WITH_MPI=OFF -DMLADCP_BUILD_APPS=OFF -DMLADCP_BUILD_BENCH=ON -DMLADCP_BUILD_TESTS=ON \
   -DMLADCP_CUDA_GENCODE_PORTABLE= >/dev/null
-ninja -C "$build" cuda_decode_test mladcp_peer_bench
+ninja -C "$build" cuda_decode_test cuda_state_test mladcp_gpu_bench mladcp_peer_bench
 dest="$root/build/var/$1"
 mkdir -p "$dest"
-cp "$build/tests/cuda/cuda_decode_test" "$build/bench/gpu/mladcp_peer_bench" "$dest/"
-echo "$(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo '+local') -> $dest"
+cp "$build/tests/cuda/cuda_decode_test" "$build/tests/cuda/cuda_state_test" "$build/bench/gpu/mladcp_gpu_bench" \
+  "$build/bench/gpu/mladcp_peer_bench" "$dest/"
+stamp="$(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo '+local')"
+echo "$stamp (tools/gpu/build_variant.sh $1, $(date -u +%FT%TZ))" >"$dest/STAMP"
+echo "$stamp -> $dest"
