@@ -388,10 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (tid == 0) {
     MLADCP_TIMELINE(kSetup);
-    unsigned sm;
-    asm("mov.u32 %0, %%smid;" : "=r"(sm));
-    MLADCP_TIMELINE_SET(kSm, sm);
-    (void)sm;
+    MLADCP_TIMELINE_SET(kSm, sm90_timeline::smid());
   }
 
   if (wg == 2) {

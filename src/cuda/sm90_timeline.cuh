@@ -43,6 +43,11 @@ __device__ __forceinline__ uint64_t now() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+__device__ __forceinline__ uint32_t smid() {
+  uint32_t sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  return sm;
+}
 __device__ __forceinline__ void set(Point p, uint64_t v) {
   if (blockIdx.x < kCtas) g_points[blockIdx.x][p] = v;
 }
@@ -50,6 +55,7 @@ __device__ __forceinline__ void add(Point p, uint64_t v) {
   if (blockIdx.x < kCtas) g_points[blockIdx.x][p] += v;
 }
 }  // namespace mladcp::cuda_impl::sm90_timeline
+// The _SET and _ADD values are not evaluated in other builds.
 #define MLADCP_TIMELINE(point) sm90_timeline::set(sm90_timeline::point, sm90_timeline::now())
 #define MLADCP_TIMELINE_SET(point, value) sm90_timeline::set(sm90_timeline::point, uint64_t(value))
 #define MLADCP_TIMELINE_ADD(point, value) sm90_timeline::add(sm90_timeline::point, uint64_t(value))

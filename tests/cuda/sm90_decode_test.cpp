@@ -277,8 +277,6 @@ TEST(Sm90Fp8Fragments, StoredOrdersMatchTheFragmentsAndReadsHitTheirBytes) {
   }
 }
 
-// The power of two that scales a query row into f16 on both Hopper kernels (fp8 caches): the row maximum lands in
-// [2^14, 2^15) wherever 2^e stays a normal float, never past f16's largest value, and 2^e, 2^-e are normal.
 // The ring's bookkeeping: tile t in stage t % 5 with phase parity (t / 5) % 2, for the copier and both warpgroups.
 TEST(Sm90Fp8Fragments, RingSlotCyclesTheStagesAndFlipsThePhase) {
   cuda_impl::sm90_fp8_fragments::RingSlot<5> slot;
@@ -288,6 +286,8 @@ TEST(Sm90Fp8Fragments, RingSlotCyclesTheStagesAndFlipsThePhase) {
   }
 }
 
+// The power of two that scales a query row into f16 on both Hopper kernels (fp8 caches): the row maximum lands in
+// [2^14, 2^15) wherever 2^e stays a normal float, never past f16's largest value, and 2^e, 2^-e are normal.
 TEST(Sm90Fp8Ring, QueryRowExponentKeepsEveryRowInF16) {
   std::vector<float> maxima = {1.0f,
                                0.75f,

@@ -31,7 +31,7 @@
 #   MLADCP_VARIANT_POLICY    variants stage: the peer bench policy timed (default; fp8 for the fp8 kernel)
 #   MLADCP_VARIANT_EXTRA=0   variants stage: time the peers' configurations only (not tools/gpu/extra_configs.txt)
 #   MLADCP_GPU_VARIANT_DIRS  variants stage: "NAME=DIR ..." of binaries built elsewhere from edited trees
-#                            (tools/gpu/build_variant.sh NAME: cuda_decode_test and mladcp_peer_bench in build/var/NAME;
+#                            (tools/gpu/build_variant.sh NAME: the GPU binaries in build/var/NAME;
 #                            carry build/var): each variant's tests (MLADCP_VARIANT_TESTS, default Sm90*:CudaSanitize*)
 #                            run, then it is timed as "mladcp-var-NAME"; no build on the GPU machine
 #   MLADCP_GPU_NCCL=ON       build the NCCL communicator too (the Python module's DcpDecoder tests use it)
