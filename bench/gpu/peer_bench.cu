@@ -19,6 +19,8 @@
 //   TIMELINE mladcp[-policy] h b s_q ctx variant ctas=N pieces=P start=FIRST..LAST end=E <point>=MEDIAN/MAX ...
 //   [combine=START..END]
 // (µs; start, end and combine after the spin kernel's end, the points after each CTA's own start).
+// --chunk0-only (timeline builds): an experiment; the Hopper kernel's CTAs of row chunks past the first exit at once
+// (half the key traffic out of L2 at 128 heads, the same from memory; those rows' results are garbage).
 // --hot-pages N: every block-table entry names one of N pages (the keys stay in L2; an experiment that
 // separates the kernel's own schedule from its key loads, not a peer configuration).
 // Output per configuration and policy:
@@ -114,12 +116,43 @@ struct Policy {
 };
 
 #if MLADCP_SM90_TIMELINE
+// The pair trace of the traced CTAs (SM clocks; the window of pairs in src/cuda/sm90_timeline.cuh): per CTA, the
+// median period of a pair (the start of warpgroup 0's pair to the next one's), then each event's median offset from
+// its pair's start, as
+//   PAIRS mladcp[-policy] h b s_q ctx variant cta=N period=CLK <event>=OFFSET ...
+void print_pair_trace(const char* tag, const PeerConfig& c) {
+  namespace tl = mladcp::cuda_impl::sm90_timeline;
+  std::vector<uint32_t> ev(size_t(tl::kTraceCtas) * tl::kTraceWindow * tl::kPairEvents);
+  CHECK_CUDA(mladcp::cuda_impl::sm90_trace_read(ev.data()));
+  for (int b = 0; b < tl::kTraceCtas; ++b) {
+    auto at = [&](int pair, int e) {
+      return ev[(size_t(b) * tl::kTraceWindow + size_t(pair)) * tl::kPairEvents + size_t(e)];
+    };
+    int pairs = 0;
+    while (pairs < tl::kTraceWindow && at(pairs, tl::kA0Start) != 0) ++pairs;
+    if (pairs < tl::kTraceWindow) continue;  // a CTA with fewer pairs
+    std::vector<double> period;
+    for (int i = 0; i + 1 < pairs; ++i)
+      period.push_back(double(int32_t(at(i + 1, tl::kA0Start) - at(i, tl::kA0Start))));
+    std::printf("PAIRS %s %d %d %d %d %s cta=%d period=%.0f", tag, c.h, c.b, c.s_q, c.ctx, c.variant.c_str(), b,
+                median(period));
+    for (int e = 0; e < tl::kPairEvents; ++e) {
+      std::vector<double> off;
+      for (int i = 0; i < pairs; ++i)
+        if (at(i, e) != 0) off.push_back(double(int32_t(at(i, e) - at(i, tl::kA0Start))));
+      std::printf(" %s=%.0f", tl::kEventNames[e], off.empty() ? -1.0 : median(off));
+    }
+    std::printf("\n");
+  }
+}
+
 // One more call of the case behind the spin kernel, and its timeline.
 void print_timeline(mladcp::Backend& be, const mladcp::MlaDecodeParams& p, const mladcp::ExecContext& ctx,
                     cudaStream_t stream, long long spin_cycles, const char* tag, const PeerConfig& c) {
   namespace tl = mladcp::cuda_impl::sm90_timeline;
   CHECK_CUDA(mladcp::cuda_impl::sm90_timeline_reset());
   CHECK_CUDA(mladcp::cuda_impl::combine_timeline_reset());
+  CHECK_CUDA(mladcp::cuda_impl::sm90_trace_reset());
   CHECK_CUDA(cudaDeviceSynchronize());
   spin<<<1, 1, 0, stream>>>(spin_cycles);
   CHECK_OK(be.decode(p, ctx));
@@ -155,6 +188,7 @@ void print_timeline(mladcp::Backend& be, const mladcp::MlaDecodeParams& p, const
   }
   if (comb[1] != 0) std::printf(" combine=%.2f..%.2f", us(comb[0], spin_end), us(comb[1], spin_end));
   std::printf("\n");
+  print_pair_trace(tag, c);
   std::fflush(stdout);
 }
 #endif
@@ -263,7 +297,7 @@ void run(mladcp::Backend& default_backend, const PeerConfig& c, const std::vecto
 int main(int argc, char** argv) {
   std::string configs, policies_arg = "default";
   int reps = 30, warmup = 5, only = -1, hot_pages = 0;
-  bool timeline = false;
+  bool timeline = false, chunk0_only = false;
   long long spin_cycles = 2000000;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -284,22 +318,27 @@ int main(int argc, char** argv) {
       hot_pages = std::atoi(argv[++i]);
     else if (a == "--timeline")
       timeline = true;
+    else if (a == "--chunk0-only")
+      chunk0_only = true;
     else {
       std::fprintf(
           stderr,
           "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
           "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fp8,fp8-portable,"
           "fp8-all] "
-          "[--hot-pages N] [--timeline]\n",
+          "[--hot-pages N] [--timeline] [--chunk0-only]\n",
           argv[0]);
       return 2;
     }
   }
 #if !MLADCP_SM90_TIMELINE
-  if (timeline) {
-    std::fprintf(stderr, "--timeline: this build has no timeline (configure with -DMLADCP_SM90_TIMELINE=ON)\n");
+  if (timeline || chunk0_only) {
+    std::fprintf(stderr,
+                 "--timeline, --chunk0-only: this build has no timeline (configure with -DMLADCP_SM90_TIMELINE=ON)\n");
     return 2;
   }
+#else
+  if (chunk0_only) CHECK_CUDA(mladcp::cuda_impl::sm90_chunk0_only(true));
 #endif
   if (configs.empty() || reps < 1 || warmup < 0) {
     std::fprintf(stderr, "--configs FILE is required; --reps >= 1, --warmup >= 0\n");

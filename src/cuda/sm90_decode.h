@@ -39,6 +39,11 @@ cudaError_t sm90_timeline_reset();
 cudaError_t sm90_timeline_read(uint64_t* points);
 cudaError_t combine_timeline_reset();
 cudaError_t combine_timeline_read(uint64_t* combine);
+// The pair trace: cleared, or read into events[kTraceCtas][kTraceWindow][kPairEvents] (SM clock, low 32 bits; 0: none).
+cudaError_t sm90_trace_reset();
+cudaError_t sm90_trace_read(uint32_t* events);
+// Experiment: CTAs of row chunks past the first exit at once (their rows are not computed).
+cudaError_t sm90_chunk0_only(bool on);
 #endif
 
 // fp8 kernel: dynamic shared memory for 16 or 32 rows per CTA (bytes; about 206 and 226 KiB).

@@ -8,9 +8,9 @@
 // written directly or as the part's partial state of that sequence (slot 0 or 1) with a merge record.
 //
 // Threads: three warpgroups (384).
-//   warpgroup 2, the producer: one thread reads the block table and issues bulk tensor copies (TMA) of
-//     64-key × 64-dim sub-tiles into a two-stage ring; another copies the query rows (bf16 caches whose query
-//     rows form one matrix; else the consumers load them); `setmaxnreg` gives its registers to the others.
+//   warpgroup 2, the producer: two threads (one per stage; fp8: one) read the block table and issue bulk tensor
+//     copies (TMA) of 64-key × 64-dim sub-tiles into a two-stage ring; another copies the query rows (bf16 caches
+//     whose query rows form one matrix; else the consumers load them); `setmaxnreg` gives its registers to the others.
 //   warpgroups 0 and 1, the consumers (schedule: docs/cuda.md, "The Hopper kernel"): warpgroup w scores the tiles of
 //     stage w (S = Q·Kᵀ, 36 × wgmma.m64n64k16 from shared memory) and owns output columns
 //     [256w, 256w + 256) of every tile (O_w = O_w·α + P·V_w, 4 × wgmma.m64n256k16 per tile; its own
@@ -147,16 +147,19 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32
 // inside one (a wait loop inside a group makes ptxas serialize every wgmma of the kernel), and nothing
 // touches S until the caller's wgmma_wait.
 // The first scores of a segment with copied queries also wait for each query column block (q_full, phase parity
-// q_parity; 0: no wait).
+// q_parity; 0: no wait). trace_pair ≥ 0: the pair trace's events trace_event + j as each block's wait returns (the
+// timeline build only).
 template <bool kF16, int kFirstBlock>
 __device__ __forceinline__ void issue_scores(float (&s)[32], uint32_t q_lo, uint32_t k_lo, uint32_t full,
-                                             uint32_t parity, uint32_t q_full = 0, uint32_t q_parity = 0) {
+                                             uint32_t parity, uint32_t q_full = 0, uint32_t q_parity = 0,
+                                             int64_t trace_pair = -1, int trace_event = 0) {
   fence_regs(s);
 #pragma unroll
   for (int j = 0; j < kSubTiles; ++j) {
     const int c = (kFirstBlock + j) % kSubTiles;
     if (q_full) mbar_wait(q_full + 8 * c, q_parity);
     mbar_wait(full + 8 * c, parity);
+    if (trace_pair >= 0) MLADCP_TRACE(trace_pair, trace_event + j);
     wgmma_fence();
 #pragma unroll
     for (int k4 = 0; k4 < 4; ++k4) {
@@ -374,6 +377,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (!segs.balanced && segs.split >= cuda_plan::num_splits(local_keys(p, clamped_len(p, segs.seq)), p.split_len))
     return;
+#if MLADCP_SM90_TIMELINE
+  if (segs.rc != 0 && sm90_timeline::g_chunk0_only) return;  // experiment: only the first row chunk runs
+#endif
 
   const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
   if (tid == 0) {
@@ -383,6 +389,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kSubTiles; ++i) mbar_init(smem_addr(smem + Smem::q_full) + 8 * i, 1);
     mbar_init(smem_addr(smem + Smem::q_empty), 8);  // one arrival per consumer warp
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#if MLADCP_SM90_TIMELINE
+    sm90_timeline::trace_clear(Smem::trace);
+#endif
   }
   if (segs.balanced) segs.cur = balanced_start(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red));
   __syncthreads();
@@ -397,13 +406,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       convert_fp8(p, segs, smem, tid - (2 * 128 + 32));
     } else if (!kFp8 && q_copied && tid == 2 * 128 + 32) {
       copy_queries(p, &q_map, segs, smem);
-    } else if (tid == 2 * 128) {
+    } else if (tid == 2 * 128 || (!kFp8 && tid == 2 * 128 + 64)) {
+      // bf16: lane 0 of warps 8 and 10 copy stages 0 and 1; fp8: lane 0 of warp 8 copies both.
+      const int stage = kFp8 ? -1 : (tid - 2 * 128) / 64;
       if (p.block_size >= kTile)
-        produce<1, kFp8>(p, &kv_map, segs, smem);
+        produce<1, kFp8>(p, &kv_map, segs, smem, stage);
       else if (p.block_size == 32)
-        produce<2, kFp8>(p, &kv_map, segs, smem);
+        produce<2, kFp8>(p, &kv_map, segs, smem, stage);
       else
-        produce<4, kFp8>(p, &kv_map, segs, smem);
+        produce<4, kFp8>(p, &kv_map, segs, smem, stage);
     }
     return;
   }
@@ -483,6 +494,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
 
+    // The pair trace (timeline build): warpgroup w's events by its first thread.
+#define MLADCP_PAIR_EVENT(event)                                    \
+  do {                                                              \
+    if (tid_in_wg == 0) MLADCP_TRACE(g0 + i, sm90_timeline::event); \
+  } while (0)
     RowState st;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -518,6 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t par = uint32_t(g0 + i) & 1;  // the pair's ring phase
         float* const red_m = red + 128 * par;       // m_a and m_b of this pair: slots of its parity
         float mx[2], m_a[2], alpha[2], m_b[2], beta[2];
+        MLADCP_PAIR_EVENT(kA0Start);
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: this warpgroup never reads them
         // m_a = max(m, rowmax S_a), published at once: warpgroup 1 holds S_b already and needs only m_a.
@@ -533,6 +550,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           red_m[st.rs[1]] = m_a[1];
         }
         named_bar_arrive(kBarMa, kConsumerThreads);
+        MLADCP_PAIR_EVENT(kA1MaPublished);
         // P_a = 2^(S_a − m_a); O_L = O_L·2^(m − m_a) + P_a·V_a,L (P_a from registers).
         exponentiate<kFp8>(s, pr, m_a, st.scale, st.l);
         if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 0, wg, tid_in_wg);
@@ -542,8 +560,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_regs(pr);
         issue_pv_regs<kFp8>(o, pr, v_lo0, i > 0);
         wgmma_commit();
+        MLADCP_PAIR_EVENT(kA2PvIssued);
         // m_b from warpgroup 1; P_a·2^(m_a − m_b) over the rope block of stage 0 for warpgroup 1.
         named_bar_sync(kBarMb, kConsumerThreads);
+        MLADCP_PAIR_EVENT(kA3MbReceived);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           m_b[e] = red_m[64 + st.rs[e]];
@@ -554,15 +574,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         store_p<kFp8>(kv_s + 8 * kBlockBytes, s, beta, st, lane);
         fence_proxy_async();
         named_bar_arrive(kBarPa, kConsumerThreads);
+        MLADCP_PAIR_EVENT(kA4PaStored);
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: only warpgroup 1 reads them now
         wgmma_wait<0>();
         fence_regs(o);
+        MLADCP_PAIR_EVENT(kA5PvRetired);
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_addr(empty, 0));  // stage 0, columns 0-3: P_a·V_a,L retired
         // O_L ·= 2^(m_a − m_b), O_L += P_b·V_b,L (P_b from its own buffer, at m_b).
         rescale_rows(o, beta);
         named_bar_sync(kBarPb, kConsumerThreads);
+        MLADCP_PAIR_EVENT(kA6PbReceived);
         if (2 * i + 1 == tail_tile) zero_tail_rows(kv_s + kTileBytes, tail_valid, 0, wg, tid_in_wg);
         wgmma_fence();
         fence_regs(o);
@@ -572,10 +595,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_regs(o);
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
-        if (more) {                                      // scores of the next tile a, for the next pair
-          issue_scores<kFp8, 0>(s, q_lo, k_lo0, full, par ^ 1);
+        MLADCP_PAIR_EVENT(kA7Pv2Retired);
+        if (more) {  // scores of the next tile a, for the next pair
+          issue_scores<kFp8, 0>(s, q_lo, k_lo0, full, par ^ 1, 0, 0, tid_in_wg == 0 ? g0 + i : -1,
+                                sm90_timeline::kA8Block0);
           wgmma_wait<0>();
           fence_regs(s);
+          MLADCP_PAIR_EVENT(kA17Scores);
         }
       }
     } else {
@@ -592,6 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t par = uint32_t(g0 + i) & 1;  // the pair's ring phase
         float* const red_m = red + 128 * par;
         float mx[2], m_a[2], alpha[2], m_b[2], one[2] = {1.0f, 1.0f};
+        MLADCP_PAIR_EVENT(kB0Start);
         // m_b = max(m_a, rowmax S_b), published; O_R's scale moves once per pair, from m to m_b.
         mask_scores(s, mx, ok + 1, k_begin + (2 * i + 1) * kTile, st, lane);
         __syncwarp();
@@ -600,6 +627,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_arrive(bar_addr(empty, 2));
         }
         named_bar_sync(kBarMa, kConsumerThreads);
+        MLADCP_PAIR_EVENT(kB1MaReceived);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           m_a[e] = red_m[st.rs[e]];
@@ -622,29 +650,38 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_regs(pr);
         issue_pv_regs<kFp8>(o, pr, v_lo0 + kStage + kHalf, i > 0);
         wgmma_commit();
+        MLADCP_PAIR_EVENT(kB2PvIssued);
         store_p<kFp8>(smem + Smem::pb, s, one, st, lane);
         fence_proxy_async();
         named_bar_arrive(kBarPb, kConsumerThreads);
+        MLADCP_PAIR_EVENT(kB3PbStored);
         // O_R += P_a·V_a,R once warpgroup 0 has stored P_a at m_b.
         named_bar_sync(kBarPa, kConsumerThreads);
+        MLADCP_PAIR_EVENT(kB4PaReceived);
         if (2 * i == tail_tile) zero_tail_rows(kv_s, tail_valid, 4, wg, tid_in_wg);
         wgmma_fence();
         issue_pv_smem<kFp8>(o, p_lo0, v_lo0 + kHalf, true);
         wgmma_commit();
+        MLADCP_PAIR_EVENT(kB5Pv2Issued);
         wgmma_wait<1>();
+        MLADCP_PAIR_EVENT(kB6PvRetired);
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
         wgmma_wait<0>();
         fence_regs(o);
+        MLADCP_PAIR_EVENT(kB7Pv2Retired);
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
         if (more) {                                      // scores of the next tile b, for the next pair
-          issue_scores<kFp8, 4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1);
+          issue_scores<kFp8, 4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1, 0, 0,
+                                tid_in_wg == 0 ? g0 + i : -1, sm90_timeline::kB8Block4);
           wgmma_wait<0>();
           fence_regs(s);
+          MLADCP_PAIR_EVENT(kB17Scores);
         }
       }
     }
+#undef MLADCP_PAIR_EVENT
     wgmma_wait<0>();
     fence_regs(o);
     if (tid == 0) MLADCP_TIMELINE(kLoopWg0);
@@ -738,6 +775,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 128) MLADCP_TIMELINE(kWrittenWg1);
     g0 += npairs;
   }  // segments
+#if MLADCP_SM90_TIMELINE
+  named_bar_sync(kBarConsumers, kConsumerThreads);  // every consumer event of the window is in
+  if (tid == 0) sm90_timeline::trace_flush(Smem::trace);
+#endif
   // The combine kernel (launched as a programmatic dependent) may start its prologue now; it waits for
   // this grid's completion before it reads any partial state.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -766,6 +807,18 @@ cudaError_t sm90_timeline_reset() {
 }
 cudaError_t sm90_timeline_read(uint64_t* points) {
   return cudaMemcpyFromSymbol(points, sm90_timeline::g_points, sizeof(sm90_timeline::g_points));
+}
+cudaError_t sm90_chunk0_only(bool on) {
+  const int v = on ? 1 : 0;
+  return cudaMemcpyToSymbol(sm90_timeline::g_chunk0_only, &v, sizeof(v));
+}
+cudaError_t sm90_trace_reset() {
+  void* a = nullptr;
+  const cudaError_t e = cudaGetSymbolAddress(&a, sm90_timeline::g_trace);
+  return e != cudaSuccess ? e : cudaMemset(a, 0, sizeof(sm90_timeline::g_trace));
+}
+cudaError_t sm90_trace_read(uint32_t* events) {
+  return cudaMemcpyFromSymbol(events, sm90_timeline::g_trace, sizeof(sm90_timeline::g_trace));
 }
 #endif
 

@@ -60,7 +60,12 @@ struct Smem {
   static constexpr int seg = qscale + 64 * 4;             // SegmentState: the consumers' segment cursor
   static constexpr int q_full = seg + 256;                // [9] u64: a query column block landed (copied queries)
   static constexpr int q_empty = q_full + kSubTiles * 8;  // u64: the consumers' last scores of a segment retired
+#if MLADCP_SM90_TIMELINE
+  static constexpr int trace = q_empty + 8;  // the pair trace's window (sm90_timeline.cuh)
+  static constexpr int total = trace + sm90_timeline::kTraceBytes;
+#else
   static constexpr int total = q_empty + 8;
+#endif
 };
 static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
 static_assert(Smem::kv % 1024 == 0 && Smem::pb % 1024 == 0 && Smem::full % 8 == 0,
@@ -256,7 +261,7 @@ __device__ __forceinline__ uint64_t present_bits(const TilePages<kCopies>& tp, i
 // it from there.
 template <int kCopies, bool kFp8>
 __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUtensorMap* map, Segments segs,
-                                        uint8_t* smem) {
+                                        uint8_t* smem, int stage) {
   constexpr int rows = kTile / kCopies;  // keys per copy
   const uint32_t kv = smem_addr(smem + Smem::kv);
   const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
@@ -290,35 +295,56 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
     }
   };
   // Pairs of tiles (a in stage 0, b in stage 1), numbered across the CTA's segments (g): the ring runs on
-  // from one segment into the next. The four halves of a pair's stages are refilled in the order the
-  // consumers release them in the previous pair: a's columns 0-3 (after warpgroup 0's P_a·V_a,L), b's
-  // columns 4-8 (after warpgroup 1's P_b·V_b,R), a's columns 4-8 (after P_a·V_a,R, which waits for m_b),
-  // b's columns 0-3 (after P_b·V_b,L, last).
+  // from one segment into the next. The consumers release a pair's stage halves in this order (measured with the
+  // pair trace, tools/gpu/run.sh timeline): a's columns 0-3 (after warpgroup 0's P_a·V_a,L), b's columns 4-8 (after
+  // warpgroup 1's P_b·V_b,R), b's columns 0-3 (after warpgroup 0's P_b·V_b,L), a's columns 4-8 (after warpgroup 1's
+  // P_a·V_a,R, which waits for m_b). bf16: one copying thread per stage (`stage` 0 or 1), each refilling its halves
+  // as they are released: one thread for both in a fixed order held the third behind the fourth, and each half
+  // takes the thread a few hundred cycles to issue. fp8 (`stage` -1): one thread, in the order above with a's
+  // columns 4-8 before b's 0-3, the order the converters take them.
+  const bool do_a = stage != 1, do_b = stage != 0;
   int64_t g = 0;
   CtaWork w;
   while (segs.next(p, w)) {
     const int32_t* const bt_row = p.block_table + int64_t(w.seq) * p.block_table_stride;
-    TilePages<kCopies> next_a = fetch_pages<kCopies>(p, bt_row, w.k_begin, w.k_end);
-    TilePages<kCopies> next_b = fetch_pages<kCopies>(p, bt_row, w.k_begin + kTile, w.k_end);
+    TilePages<kCopies> next_a{}, next_b{};
+    if (do_a) next_a = fetch_pages<kCopies>(p, bt_row, w.k_begin, w.k_end);
+    if (do_b) next_b = fetch_pages<kCopies>(p, bt_row, w.k_begin + kTile, w.k_end);
     for (int i = 0; i < w.npairs; ++i, ++g) {
       const int kt = w.k_begin + 2 * i * kTile;
       const TilePages<kCopies> ta = next_a, tb = next_b;
-      next_a = fetch_pages<kCopies>(p, bt_row, kt + 2 * kTile, w.k_end);  // in flight while this pair waits
-      next_b = fetch_pages<kCopies>(p, bt_row, kt + 3 * kTile, w.k_end);
+      // In flight while this pair waits.
+      if (do_a) next_a = fetch_pages<kCopies>(p, bt_row, kt + 2 * kTile, w.k_end);
+      if (do_b) next_b = fetch_pages<kCopies>(p, bt_row, kt + 3 * kTile, w.k_end);
       const uint32_t prev = uint32_t(g - 1) & 1;  // phase of the previous pair's releases
       // A block id of -1 is out of the tensor map's range: the copy engine fills zeros (and counts the bytes).
-      if (g > 0) mbar_wait(bar_addr(empty, 0), prev);
-      ok[0] = present_bits(ta, kt, w.k_end);
-      copy_blocks(ta, 0, 0, 4);
-      if (g > 0) mbar_wait(bar_addr(empty, 3), prev);
-      copy_blocks(tb, 1, 4, kSubTiles);
-      if (g > 0) mbar_wait(bar_addr(empty, 1), prev);
-      copy_blocks(ta, 0, 4, kSubTiles);
-      if (g > 0) mbar_wait(bar_addr(empty, 2), prev);
-      ok[1] = present_bits(tb, kt + kTile, w.k_end);
-      copy_blocks(tb, 1, 0, 4);
-      if (g == 0) MLADCP_TIMELINE(kFirstCopy);
-      MLADCP_TIMELINE(kLastCopy);
+      // (The pair trace files the releases of pair g - 1 under that pair.)
+      if (do_a) {
+        if (g > 0) mbar_wait(bar_addr(empty, 0), prev);
+        MLADCP_TRACE(g - 1, sm90_timeline::kC0ReleasedA03);
+        ok[0] = present_bits(ta, kt, w.k_end);
+        copy_blocks(ta, 0, 0, 4);
+      }
+      if (do_b) {
+        if (g > 0) mbar_wait(bar_addr(empty, 3), prev);
+        MLADCP_TRACE(g - 1, sm90_timeline::kC1ReleasedB48);
+        copy_blocks(tb, 1, 4, kSubTiles);
+      }
+      if (do_a) {
+        if (g > 0) mbar_wait(bar_addr(empty, 1), prev);
+        MLADCP_TRACE(g - 1, sm90_timeline::kC2ReleasedA48);
+        copy_blocks(ta, 0, 4, kSubTiles);
+      }
+      if (do_b) {
+        if (g > 0) mbar_wait(bar_addr(empty, 2), prev);
+        MLADCP_TRACE(g - 1, sm90_timeline::kC3ReleasedB03);
+        ok[1] = present_bits(tb, kt + kTile, w.k_end);
+        copy_blocks(tb, 1, 0, 4);
+      }
+      if (stage != 1) {
+        if (g == 0) MLADCP_TIMELINE(kFirstCopy);
+        MLADCP_TIMELINE(kLastCopy);
+      }
     }
   }
 }

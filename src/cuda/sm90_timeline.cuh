@@ -29,6 +29,49 @@ enum Point : int {
   kPoints = 16,  // points per CTA in the buffer
 };
 constexpr int kCtas = 4096;
+
+// The pair trace: SM clock (clock64, low 32 bits) at the steps of pairs kTraceFirst .. kTraceFirst + kTraceWindow - 1
+// of tiles (numbered across the CTA's pieces) of the first kTraceCtas CTAs, to see which wait holds the steady
+// state. The events are kept in shared memory (a global store before one of the kernel's proxy fences would make
+// that fence wait for it) and written out at the end of the CTA.
+enum PairEvent : int {
+  // warpgroup 0 (thread 0): tiles a, output columns 0-255
+  kA0Start,                    // pair start: S_a retired
+  kA1MaPublished,              // m_a published
+  kA2PvIssued,                 // P_a·V_a,L issued
+  kA3MbReceived,               // m_b received
+  kA4PaStored,                 // P_a stored for warpgroup 1
+  kA5PvRetired,                // P_a·V_a,L retired
+  kA6PbReceived,               // P_b received from warpgroup 1
+  kA7Pv2Retired,               // P_b·V_b,L retired
+  kA8Block0,                   // next S_a: the wait for column block c returned, c = 0..8 (kA8Block0 + c)
+  kA17Scores = kA8Block0 + 9,  // next S_a retired
+  // warpgroup 1 (thread 128): tiles b, output columns 256-511
+  kB0Start,                    // pair start: S_b retired
+  kB1MaReceived,               // m_a received
+  kB2PvIssued,                 // P_b·V_b,R issued
+  kB3PbStored,                 // P_b stored for warpgroup 0
+  kB4PaReceived,               // P_a received
+  kB5Pv2Issued,                // P_a·V_a,R issued
+  kB6PvRetired,                // P_b·V_b,R retired
+  kB7Pv2Retired,               // P_a·V_a,R retired
+  kB8Block4,                   // next S_b: the wait for column block 4 + j (mod 9) returned, j = 0..8
+  kB17Scores = kB8Block4 + 9,  // next S_b retired
+  // the copying thread: the wait for each stage half's release returned, in its order
+  kC0ReleasedA03,
+  kC1ReleasedB48,
+  kC2ReleasedA48,
+  kC3ReleasedB03,
+  kPairEvents,
+};
+constexpr int kTraceCtas = 4, kTraceFirst = 8, kTraceWindow = 4;
+constexpr int kTraceBytes = kTraceWindow * kPairEvents * 4;  // the shared-memory window
+constexpr const char* kEventNames[] = {
+    "a.start", "a.ma", "a.pv", "a.mb",  "a.pa",      "a.pv_done",  "a.pb",  "a.pv2_done", "a.k0",    "a.k1",
+    "a.k2",    "a.k3", "a.k4", "a.k5",  "a.k6",      "a.k7",       "a.k8",  "a.s_done",   "b.start", "b.ma",
+    "b.pv",    "b.pb", "b.pa", "b.pv2", "b.pv_done", "b.pv2_done", "b.k4",  "b.k5",       "b.k6",    "b.k7",
+    "b.k8",    "b.k0", "b.k1", "b.k2",  "b.k3",      "b.s_done",   "c.a03", "c.b48",      "c.a48",   "c.b03"};
+static_assert(sizeof(kEventNames) / sizeof(kEventNames[0]) == kPairEvents, "an event name per event");
 // Names of the time points kSetup .. kLastCopy, as printed.
 constexpr const char* kNames[] = {"start", "setup",  "piece", "scores0", "scores1", "loop0",
                                   "loop1", "rowsum", "out0",  "out1",    "copy0",   "copylast"};
@@ -54,13 +97,35 @@ __device__ __forceinline__ void set(Point p, uint64_t v) {
 __device__ __forceinline__ void add(Point p, uint64_t v) {
   if (blockIdx.x < kCtas) g_points[blockIdx.x][p] += v;
 }
+__device__ uint32_t g_trace[kTraceCtas][kTraceWindow][kPairEvents];
+__device__ int g_chunk0_only;  // experiment: CTAs of row chunks past the first exit at once
+// The window lies at byte `offset` of the dynamic shared memory.
+__device__ __forceinline__ void trace(int offset, int64_t pair, int event) {
+  extern __shared__ __align__(1024) uint8_t dynamic_smem[];
+  if (blockIdx.x < kTraceCtas && pair >= kTraceFirst && pair < kTraceFirst + kTraceWindow)
+    reinterpret_cast<uint32_t*>(dynamic_smem + offset)[(pair - kTraceFirst) * kPairEvents + event] =
+        uint32_t(clock64());
+}
+// One thread: the window cleared (before the CTA's first barrier), or written out (once every event is in).
+__device__ __forceinline__ void trace_clear(int offset) {
+  extern __shared__ __align__(1024) uint8_t dynamic_smem[];
+  for (int i = 0; i < kTraceWindow * kPairEvents; ++i) reinterpret_cast<uint32_t*>(dynamic_smem + offset)[i] = 0;
+}
+__device__ __forceinline__ void trace_flush(int offset) {
+  extern __shared__ __align__(1024) uint8_t dynamic_smem[];
+  if (blockIdx.x >= kTraceCtas) return;
+  for (int i = 0; i < kTraceWindow * kPairEvents; ++i)
+    (&g_trace[blockIdx.x][0][0])[i] = reinterpret_cast<const uint32_t*>(dynamic_smem + offset)[i];
+}
 }  // namespace mladcp::cuda_impl::sm90_timeline
-// The _SET and _ADD values are not evaluated in other builds.
+// The _SET, _ADD and _TRACE arguments are not evaluated in other builds.
 #define MLADCP_TIMELINE(point) sm90_timeline::set(sm90_timeline::point, sm90_timeline::now())
 #define MLADCP_TIMELINE_SET(point, value) sm90_timeline::set(sm90_timeline::point, uint64_t(value))
 #define MLADCP_TIMELINE_ADD(point, value) sm90_timeline::add(sm90_timeline::point, uint64_t(value))
+#define MLADCP_TRACE(pair, event) sm90_timeline::trace(Smem::trace, pair, event)
 #else
 #define MLADCP_TIMELINE(point) ((void)0)
 #define MLADCP_TIMELINE_SET(point, value) ((void)0)
 #define MLADCP_TIMELINE_ADD(point, value) ((void)0)
+#define MLADCP_TRACE(pair, event) ((void)0)
 #endif

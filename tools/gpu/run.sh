@@ -304,7 +304,7 @@ if want timeline; then
   timeout "$(cap 200 5)" "$tbench" --configs "${MLADCP_TIMELINE_CONFIGS:-tools/gpu/timeline_configs.txt}" \
     --policies "${MLADCP_TIMELINE_POLICIES:-default}" --timeline >>"$out/timeline.log" 2>&1
   note "timeline: rc $?"
-  grep -E '^TIMELINE' "$out/timeline.log"
+  grep -E '^(TIMELINE|PAIRS)' "$out/timeline.log"
 fi
 
 {
