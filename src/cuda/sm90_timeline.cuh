@@ -57,7 +57,7 @@ enum PairEvent : int {
   kB7Pv2Retired,               // P_a·V_a,R retired
   kB8Block4,                   // next S_b: the wait for column block 4 + j (mod 9) returned, j = 0..8
   kB17Scores = kB8Block4 + 9,  // next S_b retired
-  // the copying thread: the wait for each stage half's release returned, in its order
+  // the copying threads (stage 0's: a, stage 1's: b; fp8: one for both): the wait for a stage half's release returned
   kC0ReleasedA03,
   kC1ReleasedB48,
   kC2ReleasedA48,
