@@ -204,9 +204,11 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alph
 // or one warpgroup / both consumers among themselves.
 constexpr int kBarMa = 1, kBarMb = 2, kBarPa = 3, kBarPb = 4, kBarOwn = 5 /* + wg */, kBarConsumers = 7;
 
-// The epilogue stages a warpgroup's bf16 output (64 rows × 256 columns, 512-byte rows, 16-byte chunk c of row r at
-// c ^ (r % 8)) in q_s.
-constexpr int kStagedHalfBytes = kRows * 512;
+// The epilogue stages a warpgroup's bf16 output (64 rows × 256 columns: 512-byte rows at a pitch of 528 bytes, so
+// that the 8 rows a warp writes at once fall on 8 different 16-byte bank groups) in q_s; each row then goes out as
+// one bulk copy.
+constexpr int kStagedPitch = 512 + 16;
+constexpr int kStagedHalfBytes = kRows * kStagedPitch;
 static_assert(2 * kStagedHalfBytes <= kTileBytes, "the staged output fits in q_s");
 
 // The consumers' segments in shared memory (one thread advances them; live registers stay free for the
@@ -728,11 +730,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + j * 8) = val(j);
         } else if (staged) {
           // Staged in q_s (below), written as whole rows after the loop.
-          uint8_t* const row = q_s + wg * kStagedHalfBytes + r * 512;
+          uint8_t* const row = q_s + wg * kStagedHalfBytes + r * kStagedPitch;
 #pragma unroll
           for (int j = 0; j < 32; ++j) {
             const float2 v = val(j);
-            *reinterpret_cast<uint32_t*>(row + ((j ^ (r & 7)) << 4) + 4 * (lane & 3)) = pack_bf16(v.x, v.y);
+            *reinterpret_cast<uint32_t*>(row + (j << 4) + 4 * (lane & 3)) = pack_bf16(v.x, v.y);
           }
         } else {  // no keys: zeros (q_s may be receiving the next segment's queries)
           uint16_t* dst = static_cast<uint16_t*>(p.out) + ob;
@@ -749,21 +751,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (wg == 0 && (lane & 3) == 0) p.ws_lse[state] = lse2;
       }
     }
-    // bf16 output written directly: the warpgroup's 64 rows × 256 columns, staged in q_s (its queries are no longer
+    // bf16 output written directly: each warp's 16 rows × 256 columns, staged in q_s (its queries are no longer
     // read; the next segment's are loaded after the barrier at its start, or copied once q_s is released below),
-    // go out as whole 512-byte row halves (accumulator-layout stores of 4 bytes leave half sectors, which the
-    // memory system completes with a read).
+    // go out as one bulk copy per 512-byte row half, issued by lanes 0-15 (accumulator-layout stores of 4 bytes
+    // leave half sectors, which the memory system completes with a read; 16-byte stores by the threads kept the
+    // warps in the epilogue for several µs). A warp writes and sends only its own rows: no warpgroup barrier.
     if (staged) {
-      named_bar_sync(kBarOwn + wg, 128);
-      const uint8_t* const half = q_s + wg * kStagedHalfBytes;
-      for (int idx = tid_in_wg; idx < kRows * 32; idx += 128) {
-        const int r = idx >> 5, c = idx & 31;
+      fence_proxy_async();
+      __syncwarp();
+      if (lane < 16) {
+        const int r = 16 * wi + lane;
         const int grow = w.row0 + r;
-        if (grow >= p.rows_per_seq) break;  // rows ascend with idx
-        const int i = grow / p.num_heads, h = grow - i * p.num_heads;
-        const int64_t t = int64_t(w.seq) * p.q_len + i;
-        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + out_elem(p, t, h) + 256 * wg + 8 * c) =
-            *reinterpret_cast<const uint4*>(half + r * 512 + ((c ^ (r & 7)) << 4));
+        if (grow < p.rows_per_seq) {
+          const int i = grow / p.num_heads, h = grow - i * p.num_heads;
+          const int64_t t = int64_t(w.seq) * p.q_len + i;
+          bulk_store(static_cast<uint16_t*>(p.out) + out_elem(p, t, h) + 256 * wg,
+                     smem_addr(q_s + wg * kStagedHalfBytes + r * kStagedPitch), 512);
+        }
+        bulk_store_commit_and_wait_read();
       }
       if (q_copied) {
         __syncwarp();

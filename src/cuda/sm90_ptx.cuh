@@ -119,6 +119,18 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
       "l"(src), "r"(bytes), "r"(bar), "l"(policy)
       : "memory");
 }
+// `bytes` contiguous bytes of shared memory (16-byte aligned, a multiple of 16) out to global memory (bulk
+// asynchronous copy, a bulk group of the issuing thread); the writes to shared memory it reads must be ordered
+// before it by fence_proxy_async() in the writing threads and a barrier.
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+// Closes this thread's bulk stores issued so far into a group and waits until every group has read its source
+// (shared memory may then be written again; the global writes complete on their own).
+__device__ __forceinline__ void bulk_store_commit_and_wait_read() {
+  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
 // An L2 policy that evicts first (each cache byte is read once per CTA).
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;

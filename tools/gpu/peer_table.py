@@ -4,7 +4,8 @@
 Usage: peer_table.py RESULTS_FILE... [--md OUT.md]
 Lines read: RESULT <who> h b s_q ctx variant median_us GB/s TFLOP/s (who: flashmla, mladcp, mladcp-<policy>,
 mladcp-var-<name>: a compile-time variant of the kernel, shown as its own column against the default;
-mladcp-fp8*: the same case on an fp8 cache, shown with the bf16 default's time over its own).
+mladcp-fp8*: the same case on an fp8 cache, shown with the bf16 default's time over its own). A case measured in
+several rounds (tools/gpu/run.sh peers) keeps its best median, the same rule for every column.
 Prints, per configuration: FlashMLA µs, mladcp µs (default policy), ratio mladcp/FlashMLA (< 1: mladcp faster),
 mladcp TFLOP/s and GB/s, the other policies' µs and the default's excess over the best policy; then the geomean
 ratio of each configuration set.
@@ -32,7 +33,9 @@ def main():
                 if key not in res:
                     res[key] = {}
                     order.append(key)
-                res[key][p[1]] = (float(p[7]), float(p[8]), float(p[9]))
+                row = (float(p[7]), float(p[8]), float(p[9]))
+                if p[1] not in res[key] or row[0] < res[key][p[1]][0]:  # several rounds: the best median
+                    res[key][p[1]] = row
     sets = {}
     for cfg_path in (".peers/configs.txt", "tools/gpu/extra_configs.txt"):
         try:
