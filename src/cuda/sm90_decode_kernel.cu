@@ -203,6 +203,7 @@ __device__ __forceinline__ void rescale_rows(float (&o)[128], const float (&alph
 // Named barriers (0 is __syncthreads). Producer warpgroup arrives, consumer warpgroup syncs (256 threads),
 // or one warpgroup / both consumers among themselves.
 constexpr int kBarMa = 1, kBarMb = 2, kBarPa = 3, kBarPb = 4, kBarOwn = 5 /* + wg */, kBarConsumers = 7;
+static_assert(kBarConsumers < kBarConvert, "the fp8 converters' named barrier (sm90_decode_ring.cuh) is distinct");
 
 // The epilogue stages a warpgroup's bf16 output (64 rows × 256 columns: 512-byte rows at a pitch of 528 bytes, so
 // that the 8 rows a warp writes at once fall on 8 different 16-byte bank groups) in q_s; each row then goes out as
