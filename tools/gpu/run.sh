@@ -30,6 +30,8 @@
 #   MLADCP_PEER_ROUNDS       peers stage: rounds of FlashMLA then mladcp (default 2); the table keeps each one's best
 #   MLADCP_PEER_POLICIES     peers stage: mladcp_peer_bench --policies (default default,invariant,nolse,splits,balanced)
 #   MLADCP_GPU_PROFILE_CONFIGS  profile stage configurations (H,B,CTX,QLEN,KV ...)
+#   MLADCP_PROFILE_SOURCE=1  profile stage: also the warp stall samples of every SASS instruction, one gzipped CSV per
+#                            configuration ($OUT/profile_<n>_sass.csv.gz, Nsight Compute's source page)
 #   MLADCP_PEERPROFILE_CONFIGS  peerprofile stage: configs.txt lines, one per line (default 128 h × 16 × 64K)
 #   MLADCP_GPU_VARIANTS      variants stage: "NAME=-DMACRO=V[,-DMACRO2=V2] ..." (Hopper kernels rebuilt per variant)
 #   MLADCP_VARIANT_POLICY    variants stage: the peer bench policy timed (default; fp8 for the fp8 kernel)
@@ -265,14 +267,25 @@ fi
 if want profile; then
   ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)"
   : >"$out/profile.log"
+  n=0
   for cfg in ${MLADCP_GPU_PROFILE_CONFIGS:-16,128,4096,1,bf16 128,64,4096,1,bf16 16,128,4096,1,fp8}; do
     echo "## ncu split kernel, --only $cfg" >>"$out/profile.log"
+    rep=()
+    [ -n "${MLADCP_PROFILE_SOURCE:-}" ] && rep=(-o "$out/profile_$n")
     timeout "$(cap 90 5)" "$ncu_bin" --clock-control none -k regex:'mla_decode_s(plit|m90)' --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
-      --section SourceCounters \
+      --section SourceCounters "${rep[@]}" \
       "$bin/mladcp_gpu_bench" --only "$cfg" --reps 3 --warmup 2 --no-ceilings >>"$out/profile.log" 2>&1
     note "profile $cfg: rc $?"
+    if [ -f "$out/profile_$n.ncu-rep" ]; then
+      # Warp stall samples per SASS instruction (where the pair loop's warps wait), for reading offline.
+      "$ncu_bin" --import "$out/profile_$n.ncu-rep" --page details >>"$out/profile.log" 2>&1
+      timeout "$(cap 60 5)" "$ncu_bin" --import "$out/profile_$n.ncu-rep" --page source --csv --print-source sass \
+        >"$out/profile_${n}_sass.csv" 2>&1 && gzip -f "$out/profile_${n}_sass.csv"
+      rm -f "$out/profile_$n.ncu-rep"
+    fi
+    n=$((n + 1))
   done
 fi
 
