@@ -806,11 +806,16 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }  // namespace
 
 #if MLADCP_SM90_TIMELINE
-cudaError_t sm90_timeline_reset() {
+namespace {
+// A device variable of this translation unit, all zeros.
+template <class T>
+cudaError_t zero_symbol(const T& symbol) {
   void* a = nullptr;
-  const cudaError_t e = cudaGetSymbolAddress(&a, sm90_timeline::g_points);
-  return e != cudaSuccess ? e : cudaMemset(a, 0, sizeof(sm90_timeline::g_points));
+  const cudaError_t e = cudaGetSymbolAddress(&a, symbol);
+  return e != cudaSuccess ? e : cudaMemset(a, 0, sizeof(T));
 }
+}  // namespace
+cudaError_t sm90_timeline_reset() { return zero_symbol(sm90_timeline::g_points); }
 cudaError_t sm90_timeline_read(uint64_t* points) {
   return cudaMemcpyFromSymbol(points, sm90_timeline::g_points, sizeof(sm90_timeline::g_points));
 }
@@ -818,11 +823,7 @@ cudaError_t sm90_chunk0_only(bool on) {
   const int v = on ? 1 : 0;
   return cudaMemcpyToSymbol(sm90_timeline::g_chunk0_only, &v, sizeof(v));
 }
-cudaError_t sm90_trace_reset() {
-  void* a = nullptr;
-  const cudaError_t e = cudaGetSymbolAddress(&a, sm90_timeline::g_trace);
-  return e != cudaSuccess ? e : cudaMemset(a, 0, sizeof(sm90_timeline::g_trace));
-}
+cudaError_t sm90_trace_reset() { return zero_symbol(sm90_timeline::g_trace); }
 cudaError_t sm90_trace_read(uint32_t* events) {
   return cudaMemcpyFromSymbol(events, sm90_timeline::g_trace, sizeof(sm90_timeline::g_trace));
 }

@@ -72,7 +72,7 @@ constexpr const char* kEventNames[] = {
     "b.pv",    "b.pb", "b.pa", "b.pv2", "b.pv_done", "b.pv2_done", "b.k4",  "b.k5",       "b.k6",    "b.k7",
     "b.k8",    "b.k0", "b.k1", "b.k2",  "b.k3",      "b.s_done",   "c.a03", "c.b48",      "c.a48",   "c.b03"};
 static_assert(sizeof(kEventNames) / sizeof(kEventNames[0]) == kPairEvents, "an event name per event");
-// Names of the time points kSetup .. kLastCopy, as printed.
+// Names of the time points kStart .. kLastCopy, as printed (kStart is printed as the CTAs' start range).
 constexpr const char* kNames[] = {"start", "setup",  "piece", "scores0", "scores1", "loop0",
                                   "loop1", "rowsum", "out0",  "out1",    "copy0",   "copylast"};
 
