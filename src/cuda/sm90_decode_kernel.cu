@@ -854,11 +854,15 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
   const cuuint64_t strides[2] = {cuuint64_t(p.kv_stride_token) * elem, cuuint64_t(p.kv_stride_block) * elem};
   const cuuint32_t box[3] = {64, cuuint32_t(p.block_size < kTile ? p.block_size : kTile), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r =
-      encode_fn()(&map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
-                  const_cast<uint8_t*>(p.kv), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  // L2 fills of 256 bytes where two row chunks read each key (the second finds the whole 256 bytes), of 128 where
+  // one CTA reads it once (16-64 heads: up to 3.5% faster; 128 heads 0.3-1% slower with 128:
+  // docs/perf/gpu-sm90-l2-promotion-2026-12-02.md).
+  const CUtensorMapL2promotion promotion =
+      p.row_chunks > 1 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+  const CUresult r = encode_fn()(
+      &map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint8_t*>(p.kv), dims,
+      strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
   // The query rows as one [tokens · H][576] matrix (one head group, tokens H rows apart), boxes of 64 dims × 64
   // rows written 128-byte swizzled: the producer copies them (bf16 caches; the fp8 path rescales them per row).
