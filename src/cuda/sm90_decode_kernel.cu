@@ -369,6 +369,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = tid >> 7;
   if (tid == 0) MLADCP_TIMELINE(kStart);
 
+  // The tensor maps' descriptors, fetched while the setup reads the sequence lengths (the first copies need them).
+  if (tid == 2 * 128) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&kv_map)) : "memory");
+  if (tid == 2 * 128 + 32 && q_copied)
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&q_map)) : "memory");
+
   Segments segs;
   segs.balanced = p.parts > 0;
   segs.rc = int(blockIdx.x % p.row_chunks);

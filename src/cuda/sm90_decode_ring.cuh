@@ -213,8 +213,11 @@ __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p,
 
 // ---- the producer: one thread ----
 
-// Block ids of the pages of tile t (one per copy: kCopies pages of 64 / kCopies keys), -1 where absent
-// (past the segment, past the table, or an id outside [0, num_blocks)), and each copy's first row in its page.
+// Block ids of the pages of tile t (one per copy: kCopies pages of 64 / kCopies keys) as read from the block table,
+// -1 where the tile has no page (past the segment or past the table), and each copy's first row in its page. The
+// reads are not waited for here: resolve_pages() turns the ids outside [0, num_blocks) into -1 where the copies
+// use them, a pair later, so a pair's copies go out without waiting for the next pair's block-table reads (at a
+// piece's first pair they waited for two dependent reads).
 template <int kCopies>
 struct TilePages {
   int blk[kCopies], row[kCopies];
@@ -232,12 +235,16 @@ __device__ __forceinline__ TilePages<kCopies> fetch_pages(const DecodeKernelPara
     if (k < k_end) {
       const int page = k / p.block_size;
       tp.row[c] = k - page * p.block_size;
-      if (page < p.max_blocks_per_seq) {
-        const int32_t b = __ldg(bt_row + page);
-        if (b >= 0 && b < p.num_blocks) tp.blk[c] = b;
-      }
+      if (page < p.max_blocks_per_seq) tp.blk[c] = __ldg(bt_row + page);
     }
   }
+  return tp;
+}
+template <int kCopies>
+__device__ __forceinline__ TilePages<kCopies> resolve_pages(TilePages<kCopies> tp, int num_blocks) {
+#pragma unroll
+  for (int c = 0; c < kCopies; ++c)
+    if (tp.blk[c] < 0 || tp.blk[c] >= num_blocks) tp.blk[c] = -1;
   return tp;
 }
 
@@ -312,7 +319,7 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
     if (do_b) next_b = fetch_pages<kCopies>(p, bt_row, w.k_begin + kTile, w.k_end);
     for (int i = 0; i < w.npairs; ++i, ++g) {
       const int kt = w.k_begin + 2 * i * kTile;
-      const TilePages<kCopies> ta = next_a, tb = next_b;
+      const TilePages<kCopies> ta = resolve_pages(next_a, p.num_blocks), tb = resolve_pages(next_b, p.num_blocks);
       // In flight while this pair waits.
       if (do_a) next_a = fetch_pages<kCopies>(p, bt_row, kt + 2 * kTile, w.k_end);
       if (do_b) next_b = fetch_pages<kCopies>(p, bt_row, kt + 3 * kTile, w.k_end);
