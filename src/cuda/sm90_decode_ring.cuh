@@ -313,6 +313,7 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
   int64_t g = 0;
   CtaWork w;
   while (segs.next(p, w)) {
+    if (stage != 1 && g == 0) MLADCP_TIMELINE(kCopyPiece);
     const int32_t* const bt_row = p.block_table + int64_t(w.seq) * p.block_table_stride;
     TilePages<kCopies> next_a{}, next_b{};
     if (do_a) next_a = fetch_pages<kCopies>(p, bt_row, w.k_begin, w.k_end);
@@ -320,6 +321,7 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
     for (int i = 0; i < w.npairs; ++i, ++g) {
       const int kt = w.k_begin + 2 * i * kTile;
       const TilePages<kCopies> ta = resolve_pages(next_a, p.num_blocks), tb = resolve_pages(next_b, p.num_blocks);
+      if (stage != 1 && g == 0) MLADCP_TIMELINE_SET(kCopyPages, sm90_timeline::now() + uint64_t(ta.blk[0] < -1));
       // In flight while this pair waits.
       if (do_a) next_a = fetch_pages<kCopies>(p, bt_row, kt + 2 * kTile, w.k_end);
       if (do_b) next_b = fetch_pages<kCopies>(p, bt_row, kt + 3 * kTile, w.k_end);

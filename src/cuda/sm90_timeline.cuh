@@ -22,6 +22,8 @@ enum Point : int {
   kRowSums,      // row sums exchanged (the epilogue starts)
   kWrittenWg0,   // warpgroup 0's output or partial state written (last piece)
   kWrittenWg1,   // warpgroup 1's
+  kCopyPiece,    // the copying thread (stage 0's) has its first piece
+  kCopyPages,    // and the block ids of its first pair
   kFirstCopy,    // the copying thread's first tile pair issued
   kLastCopy,     // its last
   kSm,           // the SM that ran the CTA (a value, not a time)
@@ -73,8 +75,8 @@ constexpr const char* kEventNames[] = {
     "b.k8",    "b.k0", "b.k1", "b.k2",  "b.k3",      "b.s_done",   "c.a03", "c.b48",      "c.a48",   "c.b03"};
 static_assert(sizeof(kEventNames) / sizeof(kEventNames[0]) == kPairEvents, "an event name per event");
 // Names of the time points kStart .. kLastCopy, as printed (kStart is printed as the CTAs' start range).
-constexpr const char* kNames[] = {"start", "setup",  "piece", "scores0", "scores1", "loop0",
-                                  "loop1", "rowsum", "out0",  "out1",    "copy0",   "copylast"};
+constexpr const char* kNames[] = {"start",  "setup", "piece", "scores0",   "scores1",   "loop0", "loop1",
+                                  "rowsum", "out0",  "out1",  "copypiece", "copypages", "copy0", "copylast"};
 
 }  // namespace mladcp::cuda_impl::sm90_timeline
 
