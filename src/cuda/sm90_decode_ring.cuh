@@ -12,6 +12,7 @@
 
 #include <cuda.h>
 
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
