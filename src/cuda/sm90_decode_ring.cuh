@@ -321,8 +321,10 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
     if (do_b) next_b = fetch_pages<kCopies>(p, bt_row, w.k_begin + kTile, w.k_end);
     for (int i = 0; i < w.npairs; ++i, ++g) {
       const int kt = w.k_begin + 2 * i * kTile;
-      // (Timeline build: the clock once the first id has arrived; the test needs the loaded value.)
+#if MLADCP_SM90_TIMELINE
+      // The clock once the first id has arrived (the test needs the loaded value).
       if (stage != 1 && g == 0 && next_a.blk[0] != INT_MIN) MLADCP_TIMELINE(kCopyPages);
+#endif
       const TilePages<kCopies> ta = resolve_pages(next_a, p.num_blocks), tb = resolve_pages(next_b, p.num_blocks);
       // In flight while this pair waits.
       if (do_a) next_a = fetch_pages<kCopies>(p, bt_row, kt + 2 * kTile, w.k_end);
