@@ -164,7 +164,7 @@ void print_timeline(mladcp::Backend& be, const mladcp::MlaDecodeParams& p, const
   CHECK_CUDA(mladcp::cuda_impl::combine_timeline_read(comb));
   CHECK_CUDA(cudaMemcpyFromSymbol(&spin_end, g_spin_end, sizeof(spin_end)));
   auto us = [&](uint64_t t, uint64_t from) { return double(int64_t(t - from)) * 1e-3; };
-  std::vector<std::vector<double>> rel(tl::kLastCopy + 1);
+  std::vector<std::vector<double>> rel(tl::kSm);
   std::vector<double> pieces;
   double first = 1e30, last = -1e30, end = -1e30;
   int ctas = 0;
@@ -174,7 +174,7 @@ void print_timeline(mladcp::Backend& be, const mladcp::MlaDecodeParams& p, const
     ++ctas;
     first = std::min(first, us(e[tl::kStart], spin_end));
     last = std::max(last, us(e[tl::kStart], spin_end));
-    for (int i = tl::kSetup; i <= tl::kLastCopy; ++i)
+    for (int i = tl::kSetup; i < tl::kSm; ++i)
       if (e[i]) rel[size_t(i)].push_back(us(e[i], e[tl::kStart]));
     for (const int i : {tl::kWrittenWg0, tl::kWrittenWg1})
       if (e[i]) end = std::max(end, us(e[i], spin_end));
@@ -182,7 +182,7 @@ void print_timeline(mladcp::Backend& be, const mladcp::MlaDecodeParams& p, const
   }
   std::printf("TIMELINE %s %d %d %d %d %s ctas=%d pieces=%.0f start=%.2f..%.2f end=%.2f", tag, c.h, c.b, c.s_q, c.ctx,
               c.variant.c_str(), ctas, median(pieces), first, last, end);
-  for (int i = tl::kSetup; i <= tl::kLastCopy; ++i) {
+  for (int i = tl::kSetup; i < tl::kSm; ++i) {
     const std::vector<double>& v = rel[size_t(i)];
     std::printf(" %s=%.2f/%.2f", tl::kNames[i], median(v), v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()));
   }

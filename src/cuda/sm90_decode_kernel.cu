@@ -493,6 +493,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (npairs > 0) ++q_loads;
     if (tid == 0) {
       if (k == 0) MLADCP_TIMELINE(kPieceStart);
+      if (k == 1) MLADCP_TIMELINE(kPiece2);
       MLADCP_TIMELINE_ADD(kPieces, 1);
     }
     auto release_queries = [&](int i) {
@@ -535,6 +536,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         fence_regs(s);
         if (tid == 0 && k == 0) MLADCP_TIMELINE(kScoresWg0);
+        if (tid == 0 && k == 1) MLADCP_TIMELINE(kScores2);
       }
       for (int i = 0; i < npairs; ++i) {
         release_queries(i);
@@ -783,6 +785,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (w.record && tid == 0) p.ws_record[w.seq] = w.rec;
     if (tid == 0) MLADCP_TIMELINE(kWrittenWg0);
+    if (tid == 0 && k == 0) MLADCP_TIMELINE(kWrittenFirst);
     if (tid == 128) MLADCP_TIMELINE(kWrittenWg1);
     g0 += npairs;
   }  // segments
@@ -790,8 +793,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   named_bar_sync(kBarConsumers, kConsumerThreads);  // every consumer event of the window is in
   if (tid == 0) sm90_timeline::trace_flush(Smem::trace);
 #endif
-  // The combine kernel (launched as a programmatic dependent) may start its prologue now; it waits for
-  // this grid's completion before it reads any partial state.
+  // The combine kernel (launched as a programmatic dependent) may start its prologue now; it waits for this grid's
+  // completion before it reads any partial state. (Triggered at the kernel's start instead, the combine ended 2-13%
+  // later: docs/perf/gpu-sm90-combine-2026-12-02.md.)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 

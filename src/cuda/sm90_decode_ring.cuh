@@ -312,9 +312,16 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
   // columns 4-8 before b's 0-3, the order the converters take them.
   const bool do_a = stage != 1, do_b = stage != 0;
   int64_t g = 0;
+#if MLADCP_SM90_TIMELINE
+  int pieces = 0;
+#endif
   CtaWork w;
   while (segs.next(p, w)) {
     if (stage != 1 && g == 0) MLADCP_TIMELINE(kCopyPiece);
+#if MLADCP_SM90_TIMELINE
+    if (stage != 1 && ++pieces == 2) MLADCP_TIMELINE(kCopyPiece2);
+    const int64_t g_first = g;
+#endif
     const int32_t* const bt_row = p.block_table + int64_t(w.seq) * p.block_table_stride;
     TilePages<kCopies> next_a{}, next_b{};
     if (do_a) next_a = fetch_pages<kCopies>(p, bt_row, w.k_begin, w.k_end);
@@ -356,6 +363,9 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
       }
       if (stage != 1) {
         if (g == 0) MLADCP_TIMELINE(kFirstCopy);
+#if MLADCP_SM90_TIMELINE
+        if (pieces == 2 && g == g_first) MLADCP_TIMELINE(kFirstCopy2);
+#endif
         MLADCP_TIMELINE(kLastCopy);
       }
     }
@@ -385,6 +395,7 @@ __device__ __forceinline__ void copy_queries(const DecodeKernelParams& p, const 
       mbar_arrive_expect_tx(bar_addr(q_full, c), box_bytes);
       tma_load_2d(q_s + uint32_t(c * kBlockBytes), q_map, bar_addr(q_full, c), c * 64, row);
     }
+    if (loads == 1) MLADCP_TIMELINE(kQueries2);
     ++loads;
   }
 }

@@ -12,23 +12,30 @@
 namespace mladcp::cuda_impl::sm90_timeline {
 
 enum Point : int {
-  kStart,        // CTA start (thread 0)
-  kSetup,        // barriers initialised, the first piece found
-  kPieceStart,   // the consumers start their first piece (its queries loaded, or being copied)
-  kScoresWg0,    // warpgroup 0's first scores retired
-  kScoresWg1,    // warpgroup 1's first scores retired
-  kLoopWg0,      // warpgroup 0's last pair done (of the last piece)
-  kLoopWg1,      // warpgroup 1's last pair done
-  kRowSums,      // row sums exchanged (the epilogue starts)
-  kWrittenWg0,   // warpgroup 0's output or partial state written (last piece)
-  kWrittenWg1,   // warpgroup 1's
-  kCopyPiece,    // the copying thread (stage 0's) has its first piece
-  kCopyPages,    // and the block ids of its first pair
-  kFirstCopy,    // the copying thread's first tile pair issued
-  kLastCopy,     // its last
-  kSm,           // the SM that ran the CTA (a value, not a time)
-  kPieces,       // pieces of work of the CTA (a value)
-  kPoints = 16,  // points per CTA in the buffer
+  kStart,       // CTA start (thread 0)
+  kSetup,       // barriers initialised, the first piece found
+  kPieceStart,  // the consumers start their first piece (its queries loaded, or being copied)
+  kScoresWg0,   // warpgroup 0's first scores retired
+  kScoresWg1,   // warpgroup 1's first scores retired
+  kLoopWg0,     // warpgroup 0's last pair done (of the last piece)
+  kLoopWg1,     // warpgroup 1's last pair done
+  kRowSums,     // row sums exchanged (the epilogue starts)
+  kWrittenWg0,  // warpgroup 0's output or partial state written (last piece)
+  kWrittenWg1,  // warpgroup 1's
+  kCopyPiece,   // the copying thread (stage 0's) has its first piece
+  kCopyPages,   // and the block ids of its first pair
+  kFirstCopy,   // the copying thread's first tile pair issued
+  kLastCopy,    // its last
+  // a CTA's second piece of work (balanced schedule): how long the hand-over from one sequence to the next takes
+  kWrittenFirst,  // warpgroup 0's output or partial state of the first piece written
+  kPiece2,        // the consumers start the second piece
+  kScores2,       // warpgroup 0's first scores of the second piece retired
+  kCopyPiece2,    // the copying thread (stage 0's) has its second piece
+  kFirstCopy2,    // and has issued its first tile pair
+  kQueries2,      // the query copier has issued the second piece's query blocks (q_s released)
+  kSm,            // the SM that ran the CTA (a value, not a time)
+  kPieces,        // pieces of work of the CTA (a value)
+  kPoints = 24,   // points per CTA in the buffer
 };
 constexpr int kCtas = 4096;
 
@@ -75,8 +82,10 @@ constexpr const char* kEventNames[] = {
     "b.k8",    "b.k0", "b.k1", "b.k2",  "b.k3",      "b.s_done",   "c.a03", "c.b48",      "c.a48",   "c.b03"};
 static_assert(sizeof(kEventNames) / sizeof(kEventNames[0]) == kPairEvents, "an event name per event");
 // Names of the time points kStart .. kLastCopy, as printed (kStart is printed as the CTAs' start range).
-constexpr const char* kNames[] = {"start",  "setup", "piece", "scores0",   "scores1",   "loop0", "loop1",
-                                  "rowsum", "out0",  "out1",  "copypiece", "copypages", "copy0", "copylast"};
+constexpr const char* kNames[] = {"start",    "setup",  "piece",   "scores0",    "scores1",   "loop0",   "loop1",
+                                  "rowsum",   "out0",   "out1",    "copypiece",  "copypages", "copy0",   "copylast",
+                                  "outfirst", "piece2", "scores2", "copypiece2", "copy2",     "queries2"};
+static_assert(sizeof(kNames) / sizeof(kNames[0]) == kSm, "a name per time point");
 
 }  // namespace mladcp::cuda_impl::sm90_timeline
 
