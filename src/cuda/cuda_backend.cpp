@@ -176,12 +176,16 @@ class CudaBackend final : public Backend {
         p.shard.interleave < 1)
       return 0;
     // Only kFillDevice's split length depends on the device (its wave, and the kernel's rows per CTA).
-    if (p.split_policy != SplitPolicy::kFillDevice) return cuda_plan::make_plan(p, 0).workspace_bytes;
+    // (Other policies: the plan does not depend on the device; `fused` reserves the merge counters in case the
+    // Hopper kernel runs, sized for the narrowest row chunks.)
+    if (p.split_policy != SplitPolicy::kFillDevice)
+      return cuda_plan::make_plan(p, 0, 0, cuda_plan::Schedule::kSplits, true).workspace_bytes;
     DeviceState dev;
     if (!current_device_state(&dev).ok()) return 0;  // decode() reports the device error
     const KernelChoice kc = choose_kernel(p, dev, opt_);
     return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta,
-                                kc.sm90 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits)
+                                kc.sm90 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits,
+                                kc.sm90 && opt_.fused_merge)
         .workspace_bytes;
   }
 
@@ -200,8 +204,9 @@ class CudaBackend final : public Backend {
                                              ", kv_dtype=", dtype_name(p.kv_dtype), ": the kernel for ", rows,
                                              " query rows needs ", kc.smem,
                                              " bytes of shared memory per block; this device allows ", dev.smem_optin));
-    const cuda_plan::DecodePlan plan = cuda_plan::make_plan(
-        p, wave_ctas(kc, dev), kc.rows_per_cta, kc.sm90 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits);
+    const cuda_plan::DecodePlan plan =
+        cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta,
+                             kc.sm90 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits, kc.sm90 && opt_.fused_merge);
     if (plan.grid > std::numeric_limits<int32_t>::max() ||
         int64_t(p.num_seqs) * plan.rows_per_seq > std::numeric_limits<int32_t>::max())
       return invalid("num_seqs=", p.num_seqs, ", max_seq_len=", p.max_seq_len, ": ", plan.grid,
@@ -264,6 +269,8 @@ class CudaBackend final : public Backend {
       if (plan.parts > 0) k.ws_record = reinterpret_cast<cuda_plan::BalancedRecord*>(ws + plan.ws_record_offset);
       k.ws_lse = reinterpret_cast<float*>(ws + plan.ws_lse_offset);
       k.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_offset);
+      k.fused_merge = plan.fused_merge;
+      if (plan.fused_merge) k.ws_counter = reinterpret_cast<int*>(ws + plan.ws_counter_offset);
     }
     return cuda_impl::launch_decode(k, fp8, plan.grid, ctx.stream);
   }

@@ -29,6 +29,9 @@ struct CudaBackendOptions {
   // The Hopper kernel on bf16 caches: a producer thread copies the query rows when they form one matrix (false: the
   // consumers load them, as for other layouts; comparisons).
   bool copy_queries = true;
+  // The Hopper 64-row kernel merges a sequence's partial states itself where they are few (decode_plan.h,
+  // kFusedMaxStates); false: the combine kernel always (comparisons).
+  bool fused_merge = true;
 };
 
 // The layout rules of the cuda kernels for a call that passed validate_decode (p with default

@@ -50,10 +50,14 @@ struct DecodeKernelParams {
   DcpShard shard;
 
   // Partial states: [B, max_splits, R] (splits) or [parts, 2 slots, R] (balanced), base-2 LSE and
-  // normalized outputs [.., 512]; the balanced schedule's merge records [B].
+  // normalized outputs [.., 512]; the balanced schedule's merge records [B, row_chunks].
   float* ws_lse = nullptr;
   float* ws_o = nullptr;
   cuda_plan::BalancedRecord* ws_record = nullptr;
+  // Fused merge (the Hopper 64-row kernel, decode_plan.h): arrivals of partial states [B, row_chunks], zeroed by
+  // launch_decode before the split kernel; no combine kernel.
+  bool fused_merge = false;
+  int* ws_counter = nullptr;
 };
 
 // Dynamic shared memory of the split kernel for a shape (bytes).

@@ -69,7 +69,7 @@ struct RowStates {
 __device__ __forceinline__ RowStates row_states(const DecodeKernelParams& p, int seq, int grow) {
   RowStates r;
   if (p.parts > 0) {
-    const cuda_plan::BalancedRecord rec = p.ws_record[seq];
+    const cuda_plan::BalancedRecord rec = p.ws_record[int64_t(seq) * p.row_chunks + grow / p.rows_per_cta];
     r.count = rec.parts;
     r.first = int64_t(rec.first_part) * 2 * p.rows_per_seq + grow;
     r.step = 2 * int64_t(p.rows_per_seq);
@@ -249,10 +249,24 @@ Status prepare_decode_kernels(size_t max_smem_optin) {
   return Status::Ok();
 }
 
+// The fused merge's arrival counters set to zero before the split kernel, which is launched as its programmatic
+// dependent: it starts at once and waits (griddepcontrol.wait) only before its first arrival.
+__global__ void zero_counters_kernel(int* counters, int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) counters[i] = 0;
+}
+
 Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* stream) {
   if (grid <= 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaSuccess;
+  if (p.fused_merge) {
+    const int n = p.num_seqs * p.row_chunks;
+    zero_counters_kernel<<<(n + 1023) / 1024 < 8 ? (n + 1023) / 1024 : 8, 1024, 0, s>>>(p.ws_counter, n);
+    MLADCP_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), "zero_counters_kernel launch"));
+  }
   switch (p.rows_per_cta) {
     case 16:
       e = p.sm90_fp8 ? launch_sm90_fp8_decode(p, grid, s) : launch_shape<1>(p, fp8, grid, s);
@@ -269,7 +283,7 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
       return Status::Internal("rows_per_cta=" + std::to_string(p.rows_per_cta) + ": not 16, 32 or 64");
   }
   MLADCP_RETURN_IF_ERROR(cuda_status(e, "mla_decode_split_kernel launch"));
-  if (p.max_splits > 1 || p.parts > 0) {
+  if (!p.fused_merge && (p.max_splits > 1 || p.parts > 0)) {
     // Few states per row: a split plan of at most kCombineFewStates splits, or a balanced plan of at least one
     // sequence per kCombineFewStates parts (sequences of similar lengths then span at most about that many).
     const bool few =

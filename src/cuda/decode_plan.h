@@ -136,8 +136,9 @@ struct BalancedPiece {
   int parts = 1;                     // parts the sequence spans
 };
 
-// Merge record of a sequence (int4 in the workspace): first part, parts spanned, slot in the first part.
-// Partial state k of the sequence (k < parts) lies in part first_part + k, slot (k == 0 ? slot : 0).
+// Merge record of a sequence's row chunk (int4 in the workspace, [B][row_chunks]), written by the CTA of that chunk
+// in the sequence's first part: first part, parts spanned, slot in the first part. Partial state k of the sequence
+// (k < parts) lies in part first_part + k, slot (k == 0 ? slot : 0).
 struct BalancedRecord {
   int first_part, parts, slot, unused;
 };
@@ -237,6 +238,15 @@ inline BalancedChoice balanced_choice(int64_t num_seqs, int64_t row_chunks, int6
   return c;
 }
 
+// The fused merge (Hopper 64-row kernel): the CTA whose partial state of a (sequence, row chunk) arrives last merges
+// the sequence's states for its rows, reading each from L2 (64 rows: 128 KiB per state), so no combine kernel runs
+// after the split kernel (that launch and its pass over the states cost 9-16 µs on the H200:
+// docs/perf/gpu-sm90-combine-2026-12-02.md). One CTA reads every state of its rows, so the merge takes it only
+// where a sequence has few states: a split plan of at most kFusedMaxStates splits, a balanced plan of at least one
+// sequence per kFusedMaxStates parts (more states per sequence: the combine kernel, which spreads them over the
+// device).
+inline constexpr int kFusedMaxStates = 8;
+
 struct DecodePlan {
   int rows_per_seq = 0;      // H · q_len
   int rows_per_cta = 16;     // 16, 32 or 64
@@ -246,8 +256,10 @@ struct DecodePlan {
   int64_t grid = 0;          // CTAs of the split kernel
   int parts = 0;             // > 0: the balanced schedule (grid = parts · row_chunks), else splits of split_len
   bool whole_short = false;  // balanced: sequences of at most one part's positions are never cut
+  bool fused_merge = false;  // the split kernel merges the states (kFusedMaxStates), no combine kernel
   size_t ws_record_offset = 0, ws_lse_offset = 0, ws_o_offset = 0;
-  size_t workspace_bytes = 0;  // 0 when no sequence can have two splits
+  size_t ws_counter_offset = 0;  // fused merge: int [B][row_chunks], arrivals of partial states (zeroed per call)
+  size_t workspace_bytes = 0;    // 0 when no sequence can have two splits
 };
 
 inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -257,8 +269,9 @@ inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // read by kFillDevice only. `cta_rows`: the kernel's rows per CTA (the Hopper kernel always takes 64,
 // packing 16·q_len rows and leaving the rest empty); 0 = rows_per_cta(H · q_len). `schedule`: whether
 // kFillDevice takes the balanced schedule (only the Hopper kernel runs it): never, where it pays, always.
+// `fused`: the kernel can merge the states itself (the Hopper 64-row kernel); taken where the states are few.
 inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta_rows = 0,
-                            Schedule schedule = Schedule::kSplits) {
+                            Schedule schedule = Schedule::kSplits, bool fused = false) {
   DecodePlan plan;
   plan.rows_per_seq = p.num_heads * p.q_len;
   plan.rows_per_cta = cta_rows > 0 ? cta_rows : rows_per_cta(plan.rows_per_seq);
@@ -279,17 +292,21 @@ inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta
     plan.split_len = kSplitTokens;
     plan.max_splits = 1;
     const size_t states = size_t(plan.parts) * 2 * size_t(plan.rows_per_seq);
+    plan.fused_merge = fused && int64_t(p.num_seqs) * kFusedMaxStates >= plan.parts;
     plan.ws_record_offset = 0;
-    plan.ws_lse_offset = align_up(size_t(p.num_seqs) * sizeof(BalancedRecord), 256);
+    plan.ws_lse_offset = align_up(size_t(p.num_seqs) * size_t(plan.row_chunks) * sizeof(BalancedRecord), 256);
     plan.ws_o_offset = align_up(plan.ws_lse_offset + states * sizeof(float), 256);
     plan.workspace_bytes = plan.ws_o_offset + states * size_t(kLatentDim) * sizeof(float);
-    return plan;
-  }
-  if (plan.max_splits > 1) {
+  } else if (plan.max_splits > 1) {
     const size_t states = size_t(p.num_seqs) * size_t(plan.max_splits) * size_t(plan.rows_per_seq);
+    plan.fused_merge = fused && plan.max_splits <= kFusedMaxStates;
     plan.ws_lse_offset = 0;
     plan.ws_o_offset = align_up(states * sizeof(float), 256);
     plan.workspace_bytes = plan.ws_o_offset + states * size_t(kLatentDim) * sizeof(float);
+  }
+  if (plan.fused_merge) {
+    plan.ws_counter_offset = align_up(plan.workspace_bytes, 256);
+    plan.workspace_bytes = plan.ws_counter_offset + size_t(p.num_seqs) * size_t(plan.row_chunks) * sizeof(int);
   }
   return plan;
 }

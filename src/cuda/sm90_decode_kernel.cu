@@ -48,6 +48,7 @@
 #include "cuda/f16_scaling.h"
 #include "cuda/sm90_decode.h"
 #include "cuda/sm90_decode_ring.cuh"
+#include "cuda/sm90_merge.cuh"
 #include "cuda/sm90_ptx.cuh"
 
 namespace mladcp::cuda_impl {
@@ -218,6 +219,8 @@ struct SegmentState {
   Segments segs;
   CtaWork w[2];
   int more[2];
+  int njobs;  // fused merge: the merges this CTA owes (its states that arrived last)
+  sm90_merge::MergeJob jobs[2];
 };
 static_assert(sizeof(SegmentState) <= 256, "Smem::seg");
 
@@ -451,7 +454,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // barrier after each step of the cursor also keeps q_s and red from being written again before both
   // warpgroups are past the last epilogue (its row sums read, its scores retired).
   SegmentState* const seg = reinterpret_cast<SegmentState*>(smem + Smem::seg);
-  if (tid == 0) seg->segs = segs;
+  if (tid == 0) {
+    seg->segs = segs;
+    seg->njobs = 0;
+  }
+  const int st_rows[2] = {16 * wi + (lane >> 2), 16 * wi + (lane >> 2) + 8};  // this thread's rows (RowState::rs)
   int64_t g0 = 0;
   int q_loads = 0;  // segments with keys so far (the copied queries' phases)
   for (int k = 0;; ++k) {
@@ -783,12 +790,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0) mbar_arrive(smem_addr(smem + Smem::q_empty));
       }
     }
-    if (w.record && tid == 0) p.ws_record[w.seq] = w.rec;
+    if (w.record && tid == 0) p.ws_record[int64_t(w.seq) * p.row_chunks + w.row0 / kRows] = w.rec;
+    // Fused merge (sm90_merge.cuh): the CTA whose state of the sequence's rows arrives last merges them all, after
+    // its last segment (a CTA of the balanced schedule owes at most two: its first and last pieces).
+    if (!direct && p.fused_merge) {
+      __threadfence();
+      named_bar_sync(kBarConsumers, kConsumerThreads);
+      if (tid == 0 && sm90_merge::arrive(p, w)) seg->jobs[seg->njobs++] = {w.seq, w.row0, w.states};
+    }
     if (tid == 0) MLADCP_TIMELINE(kWrittenWg0);
     if (tid == 0 && k == 0) MLADCP_TIMELINE(kWrittenFirst);
     if (tid == 128) MLADCP_TIMELINE(kWrittenWg1);
     g0 += npairs;
   }  // segments
+  // The merges owed, once no product is left to issue (the break above follows a barrier: the jobs are visible).
+  for (int j = 0; j < seg->njobs; ++j)
+    sm90_merge::merge_rows(p, seg->jobs[j], st_rows, 256 * wg + 2 * (lane & 3), p.lse && wg == 0 && (lane & 3) == 0);
 #if MLADCP_SM90_TIMELINE
   named_bar_sync(kBarConsumers, kConsumerThreads);  // every consumer event of the window is in
   if (tid == 0) sm90_timeline::trace_flush(Smem::trace);
@@ -889,13 +906,19 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  if (fp8)
-    mla_decode_sm90_kernel<true>
-        <<<dim3(unsigned(grid)), dim3(kThreads), size_t(Smem::total), stream>>>(p, map, q_map, false);
-  else
-    mla_decode_sm90_kernel<false>
-        <<<dim3(unsigned(grid)), dim3(kThreads), size_t(Smem::total), stream>>>(p, map, q_map, q_copied);
-  return cudaGetLastError();
+  // Fused merge: a programmatic dependent of the kernel that zeroes the arrival counters (decode_launch.cu).
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(Smem::total);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = p.fused_merge ? 1 : 0;
+  if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true>, p, map, q_map, false);
+  return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false>, p, map, q_map, q_copied);
 }
 
 }  // namespace mladcp::cuda_impl

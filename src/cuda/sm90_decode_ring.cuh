@@ -98,7 +98,8 @@ struct CtaWork {
   int seq, len, row0, k_begin, k_end, ntiles, npairs;
   bool direct;          // the segment covers the sequence: out and lse written directly
   int64_t state_block;  // else its partial state: rows [state_block · R, + R) of the workspace
-  bool record;          // write the sequence's merge record (balanced schedule, first part, row chunk 0)
+  int states;           // partial states of the sequence (splits, or parts spanned), 1 when direct
+  bool record;          // write the merge record of the sequence's row chunk (balanced schedule, first part)
   cuda_plan::BalancedRecord rec;
 };
 
@@ -130,7 +131,8 @@ struct Segments {
       k_last = min(pc.tile_end * kTile, local_keys(p, w.len));
       w.direct = pc.whole;
       w.state_block = int64_t(part) * 2 + pc.slot;
-      w.record = pc.first && rc == 0;
+      w.states = pc.parts;
+      w.record = pc.first;
       w.rec = {part, pc.parts, pc.slot, 0};
     } else {
       if (seq < 0) return false;
@@ -144,6 +146,7 @@ struct Segments {
       k_last = min(k_first + p.split_len, n_max);
       w.direct = nsplits == 1;
       w.state_block = int64_t(w.seq) * p.max_splits + split;
+      w.states = nsplits;
       w.record = false;
     }
     w.row0 = rc * kRows;

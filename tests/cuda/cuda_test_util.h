@@ -121,9 +121,12 @@ struct DeviceProblem {
 };
 
 // Runs backend.decode with a fresh workspace of workspace_bytes(p), then synchronizes.
+// The workspace is filled with 0xFF bytes first (NaN partial states, -1 merge records and counters): the kernels
+// must write or clear everything they read.
 inline Status run_device_decode(Backend& backend, const MlaDecodeParams& p, DeviceStream stream = nullptr) {
   DeviceBuffer ws;
   MLADCP_RETURN_IF_ERROR(ws.allocate(backend.workspace_bytes(p)));
+  if (ws.size() > 0) MLADCP_RETURN_IF_ERROR(device_memset(ws.data(), 0xFF, ws.size()));
   ExecContext ctx;
   ctx.stream = stream;
   ctx.workspace = ws.data();

@@ -197,6 +197,26 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
   EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 64, 1, 8192), 132, 64, cuda_plan::Schedule::kAuto).parts, 132);
 }
 
+// The fused merge (a kernel that can merge, `fused`): where every sequence has at most kFusedMaxStates states (split
+// plans) or the parts are at most kFusedMaxStates per sequence (balanced), with the counters in the workspace.
+TEST(SplitPolicyPlan, FusedMergeWhereStatesAreFew) {
+  auto plan = [](int seqs, int heads, int ctx, bool fused) {
+    return cuda_plan::make_plan(plan_params(seqs, heads, 1, ctx), 132, 64, cuda_plan::Schedule::kAuto, fused);
+  };
+  const cuda_plan::DecodePlan two = plan(32, 128, 4096, true);  // 2 splits of 2048
+  EXPECT_EQ(two.parts, 0);
+  EXPECT_EQ(two.max_splits, 2);
+  EXPECT_TRUE(two.fused_merge);
+  EXPECT_GE(two.ws_counter_offset, size_t(32) * 2 * 128 * (kLatentDim + 1) * 4);
+  EXPECT_EQ(two.workspace_bytes, two.ws_counter_offset + 32 * 2 * sizeof(int));
+  EXPECT_FALSE(plan(32, 128, 4096, false).fused_merge);
+  EXPECT_EQ(plan(32, 128, 4096, false).workspace_bytes, two.ws_counter_offset);
+  EXPECT_FALSE(plan(1, 128, 32768, true).fused_merge);   // 64 splits: the combine kernel
+  EXPECT_TRUE(plan(16, 128, 16384, true).fused_merge);   // balanced, 66 parts for 16 sequences
+  EXPECT_FALSE(plan(4, 16, 131072, true).fused_merge);   // balanced, 132 parts for 4 sequences
+  EXPECT_FALSE(plan(128, 128, 1024, true).fused_merge);  // one split per sequence: nothing to merge
+}
+
 // ---- oracle ---------------------------------------------------------------------------------------
 
 // fp32 out + natural LSE and bf16 out + base-2 LSE under kFillDevice, sentinel-guarded.
@@ -254,6 +274,8 @@ std::vector<Case> fill_cases() {
   };
   add("one_seq_h16", config(16, 1, 64, {3000}, 0));
   add("one_seq_h128", config(128, 1, 64, {5000}, 0));  // 2 row chunks of 64 (the Hopper kernel on sm_90)
+  // At most 8 splits per sequence (H200: 8 of 384 keys): merged by the Hopper kernel itself.
+  add("eight_seqs_h128_fused", config(128, 1, 64, {3000, 2900, 1, 0, 2500, 3070, 64, 3000}, 0));
   add("two_seqs_h64_empty_rows", config(64, 1, 64, {4100, 0}, 0));
   add("qlen3_h32", config(32, 3, 32, {2600, 3, 700}, 0));  // causal rule across short splits
   add("qlen4_h8_fp8", config(8, 4, 64, {3300, 4}, 0, DType::kFP8E4M3));
@@ -286,14 +308,18 @@ TEST_P(SplitPolicyOracle, FillDeviceMatchesReference) {
   auto cuda = make_backend("cuda");
   if (GetParam().finer) expect_more_splits(*cuda, GetParam().cfg);
   EXPECT_TRUE(fill_matches_oracle(*cuda, GetParam().cfg));
-  // Both schedules of the Hopper kernel whatever the automatic choice (elsewhere the option is ignored).
-  for (const cuda_plan::Schedule schedule : {cuda_plan::Schedule::kSplits, cuda_plan::Schedule::kBalanced}) {
-    CudaBackendOptions o;
-    o.fill_schedule = schedule;
-    auto forced = make_cuda_backend(o);
-    EXPECT_TRUE(fill_matches_oracle(*forced, GetParam().cfg))
-        << (schedule == cuda_plan::Schedule::kBalanced ? "balanced" : "splits") << " schedule";
-  }
+  // Both schedules of the Hopper kernel whatever the automatic choice (elsewhere the option is ignored), with the
+  // states merged by the kernel where they are few (the default) and always by the combine kernel.
+  for (const cuda_plan::Schedule schedule : {cuda_plan::Schedule::kSplits, cuda_plan::Schedule::kBalanced})
+    for (const bool fused : {true, false}) {
+      CudaBackendOptions o;
+      o.fill_schedule = schedule;
+      o.fused_merge = fused;
+      auto forced = make_cuda_backend(o);
+      EXPECT_TRUE(fill_matches_oracle(*forced, GetParam().cfg))
+          << (schedule == cuda_plan::Schedule::kBalanced ? "balanced" : "splits") << " schedule"
+          << (fused ? "" : ", combine kernel");
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SplitPolicyOracle, ::testing::ValuesIn(fill_cases()),

@@ -1,0 +1,158 @@
+// The fused merge of the Hopper decode kernel (sm90_decode_kernel.cu): the CTA whose partial state of a (sequence,
+// row chunk) arrives last merges all of that sequence's states for its 64 rows, so no combine kernel runs after the
+// split kernel (decode_plan.h, kFusedMaxStates). The arithmetic is lse::Combiner's (base 2) and lse::weighted, the
+// states added in state order, each product and sum rounded separately: the result depends only on the row's states,
+// never on which CTA arrived last.
+//
+// Protocol, per CTA with a partial state (consumer threads):
+//   1. every thread writes its part of the state (launch order: the record first, balanced schedule), then
+//      __threadfence(); a barrier;
+//   2. thread 0 waits for the counters' zeroing kernel (griddepcontrol.wait: the split kernel is its programmatic
+//      dependent), adds one to the (sequence, chunk) counter, and fences; the CTA that brings it to the state count
+//      merges (a barrier hands the answer to the others);
+//   3. the merging threads read every state through L2 (ld.global.cg), in the accumulator layout of the epilogue:
+//      rows rs[0..1], column pairs col0 + 8 j, j < 32.
+// Included by sm90_decode_kernel.cu only (sm_90a).
+#pragma once
+
+#include <cstdint>
+
+#include "core/lse_math.h"
+#include "cuda/decode_kernel.cuh"
+#include "cuda/sm90_decode_ring.cuh"
+
+namespace mladcp::cuda_impl::sm90_merge {
+
+using sm90_ring::CtaWork;
+using sm90_ring::kRows;
+
+// A merge this CTA owes: the (sequence, row chunk) whose last state it wrote, and the sequence's state count.
+struct MergeJob {
+  int seq, row0, states;
+};
+
+// Whether this CTA's state of w's (sequence, row chunk) is the last to arrive (thread 0; every thread has written
+// its part and fenced, and the CTA has met at a barrier since).
+__device__ __forceinline__ bool arrive(const DecodeKernelParams& p, const CtaWork& w) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  int* const counter = p.ws_counter + int64_t(w.seq) * p.row_chunks + w.row0 / kRows;
+  const int before = atomicAdd(counter, 1);
+  __threadfence();
+  return before == w.states - 1;
+}
+
+// The row-block index of state k of the job's sequence in the workspace (rows [index · R, + R)).
+struct StateBlocks {
+  int64_t first = 0, step = 1, slot0 = 0;
+  __device__ int64_t operator()(int k) const { return first + k * step + (k == 0 ? slot0 : 0); }
+};
+__device__ __forceinline__ StateBlocks state_blocks(const DecodeKernelParams& p, const MergeJob& w) {
+  StateBlocks b;
+  if (p.parts > 0) {
+    const int4 r = __ldcg(reinterpret_cast<const int4*>(p.ws_record + int64_t(w.seq) * p.row_chunks + w.row0 / kRows));
+    b.first = int64_t(r.x) * 2;  // first_part, two slots per part
+    b.step = 2;
+    b.slot0 = r.z;  // slot in the first part
+  } else {
+    b.first = int64_t(w.seq) * p.max_splits;
+  }
+  return b;
+}
+
+// Merges the states of the job's rows rs[0..1] (this thread's column pairs col0 + 8 j) and writes out (and lse from
+// the threads with write_lse). Run after the CTA's last segment: the output accumulators are dead there, so the
+// loads in flight have registers.
+__device__ __forceinline__ void merge_rows(const DecodeKernelParams& p, const MergeJob& w, const int (&rs)[2], int col0,
+                                           bool write_lse) {
+  const int n = w.states;
+  const int64_t R = p.rows_per_seq;
+  const StateBlocks block = state_blocks(p, w);
+  int grow[2];
+  bool valid[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    grow[hh] = w.row0 + rs[hh];
+    valid[hh] = grow[hh] < R;
+  }
+  auto lse_at = [&](int hh, int k) { return valid[hh] ? __ldcg(p.ws_lse + block(k) * R + grow[hh]) : -INFINITY; };
+
+  // The combiners of both rows (each state's LSE is read again for its weight: a few bytes, from L2).
+  lse::Combiner c[2] = {lse::Combiner(LseBase::k2), lse::Combiner(LseBase::k2)};
+#pragma unroll 1
+  for (int k = 0; k < n; ++k) {
+    c[0].observe_max(lse_at(0, k));
+    c[1].observe_max(lse_at(1, k));
+  }
+#pragma unroll 1
+  for (int k = 0; k < n; ++k) {
+    c[0].accumulate(lse_at(0, k));
+    c[1].accumulate(lse_at(1, k));
+  }
+
+  // Output columns in four chunks of 8 pairs per row; two states' loads in flight at a time.
+  const float2* src[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) src[hh] = reinterpret_cast<const float2*>(p.ws_o + int64_t(grow[hh]) * kLatentDim + col0);
+  const int64_t block_floats = R * kLatentDim;
+#pragma unroll 1
+  for (int jc = 0; jc < 4; ++jc) {
+    float2 acc[2][8];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[hh][j] = make_float2(0.0f, 0.0f);
+    auto load = [&](int k, float2(&v)[2][8]) {
+      const int64_t off = block(k) * block_floats / 2 + jc * 32;  // in float2
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[hh][j] = valid[hh] ? __ldcg(src[hh] + off + 4 * j) : make_float2(0.0f, 0.0f);
+    };
+    auto add = [&](int k, const float2(&v)[2][8]) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float wt = c[hh].weight(lse_at(hh, k));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc[hh][j].x = __fadd_rn(acc[hh][j].x, lse::weighted(wt, v[hh][j].x));
+          acc[hh][j].y = __fadd_rn(acc[hh][j].y, lse::weighted(wt, v[hh][j].y));
+        }
+      }
+    };
+#pragma unroll 1
+    for (int k = 0; k < n; k += 2) {
+      float2 va[2][8], vb[2][8];
+      load(k, va);
+      if (k + 1 < n) load(k + 1, vb);
+      add(k, va);
+      if (k + 1 < n) add(k + 1, vb);
+    }
+    // This chunk of the merged rows.
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      if (!valid[hh]) continue;
+      const int i = grow[hh] / p.num_heads, h = grow[hh] - i * p.num_heads;
+      const int64_t ob = out_elem(p, int64_t(w.seq) * p.q_len + i, h) + col0 + jc * 64;
+      if (p.out_fp32) {
+        float* dst = static_cast<float*>(p.out) + ob;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) *reinterpret_cast<float2*>(dst + j * 8) = acc[hh][j];
+      } else {
+        uint16_t* dst = static_cast<uint16_t*>(p.out) + ob;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(acc[hh][j].x, acc[hh][j].y);
+      }
+    }
+  }
+  if (write_lse) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      if (!valid[hh]) continue;
+      const int i = grow[hh] / p.num_heads, h = grow[hh] - i * p.num_heads;
+      p.lse[lse_elem(p, int64_t(w.seq) * p.q_len + i, h)] =
+          lse::convert(c[hh].merged_lse(), LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
+    }
+  }
+}
+
+}  // namespace mladcp::cuda_impl::sm90_merge
