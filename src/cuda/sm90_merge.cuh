@@ -1,8 +1,9 @@
 // The fused merge of the Hopper decode kernel (sm90_decode_kernel.cu): the CTA whose partial state of a (sequence,
 // row chunk) arrives last merges all of that sequence's states for its 64 rows, so no combine kernel runs after the
-// split kernel (decode_plan.h, kFusedMaxStates). The arithmetic is lse::Combiner's (base 2) and lse::weighted, the
-// states added in state order, each product and sum rounded separately: the result depends only on the row's states,
-// never on which CTA arrived last.
+// split kernel (decode_plan.h, kFusedMaxStates). The arithmetic is the combine kernel's, bit for bit (lse::Combiner
+// in base 2 with its lane sums and butterflies, lse::weighted, the states added in state order from +0, each product
+// and sum rounded separately): the result depends only on the row's states, never on which CTA arrived last, nor on
+// whether the batch's plan merges in the split kernel or in the combine kernel (batch invariance).
 //
 // Protocol, per CTA with a partial state (consumer threads):
 //   1. every thread writes its part of the state (launch order: the record first, balanced schedule), then
@@ -59,6 +60,35 @@ __device__ __forceinline__ StateBlocks state_blocks(const DecodeKernelParams& p,
   return b;
 }
 
+// lse::Combiner over a row's n states (lse_of(k): state k's LSE) with the combine kernel's arithmetic, so that a row
+// gets the same bits whichever of the two merges it (decode_launch.cu: lane i of a warp observes states i, i + 32,
+// ... in order, then the warp reduces the maximum and the sum by xor butterflies over its 32 lanes). Here the 32
+// lanes' sums are slots of one thread, added in the butterflies' pattern (each pair's two sums are equal).
+template <class LseOf>
+__device__ __forceinline__ lse::Combiner row_combiner(int n, const LseOf& lse_of) {
+  lse::Combiner c(LseBase::k2);
+#pragma unroll 1
+  for (int k = 0; k < n; ++k) c.observe_max(lse_of(k));  // the maximum is exact in any order
+  float t[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) t[i] = 0.0f;
+#pragma unroll 1
+  for (int base = 0; base < n; base += 32)
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      if (base + i < n) {
+        const float l = lse::sanitize(lse_of(base + i));
+        if (l != -INFINITY) t[i] += lse::exp_b(l - c.max_l, LseBase::k2);
+      }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      if ((i & o) == 0) t[i] = t[i ^ o] = t[i] + t[i ^ o];
+  c.sum = t[0];
+  return c;
+}
+
 // Merges the states of the job's rows rs[0..1] (this thread's column pairs col0 + 8 j) and writes out (and lse from
 // the threads with write_lse). Run after the CTA's last segment: the output accumulators are dead there, so the
 // loads in flight have registers.
@@ -77,22 +107,14 @@ __device__ __forceinline__ void merge_rows(const DecodeKernelParams& p, const Me
   auto lse_at = [&](int hh, int k) { return valid[hh] ? __ldcg(p.ws_lse + block(k) * R + grow[hh]) : -INFINITY; };
 
   // The combiners of both rows (each state's LSE is read again for its weight: a few bytes, from L2).
-  lse::Combiner c[2] = {lse::Combiner(LseBase::k2), lse::Combiner(LseBase::k2)};
-#pragma unroll 1
-  for (int k = 0; k < n; ++k) {
-    c[0].observe_max(lse_at(0, k));
-    c[1].observe_max(lse_at(1, k));
-  }
-#pragma unroll 1
-  for (int k = 0; k < n; ++k) {
-    c[0].accumulate(lse_at(0, k));
-    c[1].accumulate(lse_at(1, k));
-  }
+  lse::Combiner c[2] = {row_combiner(n, [&](int k) { return lse_at(0, k); }),
+                        row_combiner(n, [&](int k) { return lse_at(1, k); })};
 
   // Output columns in four chunks of 8 pairs per row; two states' loads in flight at a time.
   const float2* src[2];
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) src[hh] = reinterpret_cast<const float2*>(p.ws_o + int64_t(grow[hh]) * kLatentDim + col0);
+  for (int hh = 0; hh < 2; ++hh)
+    src[hh] = reinterpret_cast<const float2*>(p.ws_o + int64_t(grow[hh]) * kLatentDim + col0);
   const int64_t block_floats = R * kLatentDim;
 #pragma unroll 1
   for (int jc = 0; jc < 4; ++jc) {
