@@ -245,7 +245,7 @@ inline BalancedChoice balanced_choice(int64_t num_seqs, int64_t row_chunks, int6
 // where a sequence has few states: a split plan of at most kFusedMaxStates splits, a balanced plan of at least one
 // sequence per kFusedMaxStates parts (more states per sequence: the combine kernel, which spreads them over the
 // device).
-inline constexpr int kFusedMaxStates = 8;
+inline constexpr int kFusedMaxStates = 4;
 
 struct DecodePlan {
   int rows_per_seq = 0;      // H · q_len

@@ -60,26 +60,38 @@ __device__ __forceinline__ StateBlocks state_blocks(const DecodeKernelParams& p,
   return b;
 }
 
-// lse::Combiner over a row's n states (lse_of(k): state k's LSE) with the combine kernel's arithmetic, so that a row
-// gets the same bits whichever of the two merges it (decode_launch.cu: lane i of a warp observes states i, i + 32,
-// ... in order, then the warp reduces the maximum and the sum by xor butterflies over its 32 lanes). Here the 32
-// lanes' sums are slots of one thread, added in the butterflies' pattern (each pair's two sums are equal).
+// LSEs (then weights) of a row's first kHeldStates states are kept in registers, read all at once; later states'
+// are read again where needed (sequences of more states than the plan expects: correct, slower).
+constexpr int kHeldStates = 4;
+
+// lse::Combiner over a row's n states (held[k]: state k's LSE for k < kHeldStates, lse_of(k) any) with the combine
+// kernel's arithmetic, so that a row gets the same bits whichever of the two merges it (decode_launch.cu: lane i of
+// a warp observes states i, i + 32, ... in order, then the warp reduces the maximum and the sum by xor butterflies
+// over its 32 lanes). Here the 32 lanes' sums are slots of one thread, added in the butterflies' pattern (each
+// pair's two sums are equal).
 template <class LseOf>
-__device__ __forceinline__ lse::Combiner row_combiner(int n, const LseOf& lse_of) {
+__device__ __forceinline__ lse::Combiner row_combiner(int n, const float (&held)[kHeldStates], const LseOf& lse_of) {
   lse::Combiner c(LseBase::k2);
+#pragma unroll
+  for (int k = 0; k < kHeldStates; ++k)
+    if (k < n) c.observe_max(held[k]);  // the maximum is exact in any order
 #pragma unroll 1
-  for (int k = 0; k < n; ++k) c.observe_max(lse_of(k));  // the maximum is exact in any order
+  for (int k = kHeldStates; k < n; ++k) c.observe_max(lse_of(k));
   float t[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) t[i] = 0.0f;
+  auto add_term = [&](int i, float l) {
+    l = lse::sanitize(l);
+    if (l != -INFINITY) t[i] += lse::exp_b(l - c.max_l, LseBase::k2);
+  };
+#pragma unroll
+  for (int i = 0; i < 32; ++i)
+    if (i < n) add_term(i, i < kHeldStates ? held[i < kHeldStates ? i : 0] : lse_of(i));
 #pragma unroll 1
-  for (int base = 0; base < n; base += 32)
+  for (int base = 32; base < n; base += 32)
 #pragma unroll
     for (int i = 0; i < 32; ++i)
-      if (base + i < n) {
-        const float l = lse::sanitize(lse_of(base + i));
-        if (l != -INFINITY) t[i] += lse::exp_b(l - c.max_l, LseBase::k2);
-      }
+      if (base + i < n) add_term(i, lse_of(base + i));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
@@ -106,11 +118,20 @@ __device__ __forceinline__ void merge_rows(const DecodeKernelParams& p, const Me
   }
   auto lse_at = [&](int hh, int k) { return valid[hh] ? __ldcg(p.ws_lse + block(k) * R + grow[hh]) : -INFINITY; };
 
-  // The combiners of both rows (each state's LSE is read again for its weight: a few bytes, from L2).
-  lse::Combiner c[2] = {row_combiner(n, [&](int k) { return lse_at(0, k); }),
-                        row_combiner(n, [&](int k) { return lse_at(1, k); })};
+  // Both rows' first LSEs in one round trip, then their combiners; `held` becomes the weights.
+  float held[2][kHeldStates];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int k = 0; k < kHeldStates; ++k) held[hh][k] = k < n ? lse_at(hh, k) : -INFINITY;
+  lse::Combiner c[2] = {row_combiner(n, held[0], [&](int k) { return lse_at(0, k); }),
+                        row_combiner(n, held[1], [&](int k) { return lse_at(1, k); })};
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int k = 0; k < kHeldStates; ++k) held[hh][k] = c[hh].weight(held[hh][k]);
 
-  // Output columns in four chunks of 8 pairs per row; two states' loads in flight at a time.
+  // Output columns in four chunks of 8 pairs per row; the held states' loads in flight together.
   const float2* src[2];
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh)
@@ -130,24 +151,34 @@ __device__ __forceinline__ void merge_rows(const DecodeKernelParams& p, const Me
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[hh][j] = valid[hh] ? __ldcg(src[hh] + off + 4 * j) : make_float2(0.0f, 0.0f);
     };
-    auto add = [&](int k, const float2(&v)[2][8]) {
+    auto add = [&](const float(&wt)[2], const float2(&v)[2][8]) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float wt = c[hh].weight(lse_at(hh, k));
+      for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          acc[hh][j].x = __fadd_rn(acc[hh][j].x, lse::weighted(wt, v[hh][j].x));
-          acc[hh][j].y = __fadd_rn(acc[hh][j].y, lse::weighted(wt, v[hh][j].y));
+          acc[hh][j].x = __fadd_rn(acc[hh][j].x, lse::weighted(wt[hh], v[hh][j].x));
+          acc[hh][j].y = __fadd_rn(acc[hh][j].y, lse::weighted(wt[hh], v[hh][j].y));
         }
-      }
     };
+#pragma unroll
+    for (int k0 = 0; k0 < kHeldStates; k0 += 2) {  // two states' loads in flight
+      float2 v[2][2][8];
+#pragma unroll
+      for (int k = k0; k < k0 + 2; ++k)
+        if (k < n) load(k, v[k - k0]);
+#pragma unroll
+      for (int k = k0; k < k0 + 2; ++k)
+        if (k < n) {
+          const float wt[2] = {held[0][k], held[1][k]};
+          add(wt, v[k - k0]);
+        }
+    }
 #pragma unroll 1
-    for (int k = 0; k < n; k += 2) {
-      float2 va[2][8], vb[2][8];
-      load(k, va);
-      if (k + 1 < n) load(k + 1, vb);
-      add(k, va);
-      if (k + 1 < n) add(k + 1, vb);
+    for (int k = kHeldStates; k < n; ++k) {
+      float2 v[2][8];
+      load(k, v);
+      const float wt[2] = {c[0].weight(lse_at(0, k)), c[1].weight(lse_at(1, k))};
+      add(wt, v);
     }
     // This chunk of the merged rows.
 #pragma unroll

@@ -212,7 +212,8 @@ TEST(SplitPolicyPlan, FusedMergeWhereStatesAreFew) {
   EXPECT_FALSE(plan(32, 128, 4096, false).fused_merge);
   EXPECT_EQ(plan(32, 128, 4096, false).workspace_bytes, two.ws_counter_offset);
   EXPECT_FALSE(plan(1, 128, 32768, true).fused_merge);   // 64 splits: the combine kernel
-  EXPECT_TRUE(plan(16, 128, 16384, true).fused_merge);   // balanced, 66 parts for 16 sequences
+  EXPECT_TRUE(plan(32, 128, 16384, true).fused_merge);   // balanced, 66 parts for 32 sequences
+  EXPECT_FALSE(plan(16, 128, 16384, true).fused_merge);  // balanced, 66 parts for 16 sequences
   EXPECT_FALSE(plan(4, 16, 131072, true).fused_merge);   // balanced, 132 parts for 4 sequences
   EXPECT_FALSE(plan(128, 128, 1024, true).fused_merge);  // one split per sequence: nothing to merge
 }
@@ -274,8 +275,8 @@ std::vector<Case> fill_cases() {
   };
   add("one_seq_h16", config(16, 1, 64, {3000}, 0));
   add("one_seq_h128", config(128, 1, 64, {5000}, 0));  // 2 row chunks of 64 (the Hopper kernel on sm_90)
-  // At most 8 splits per sequence (H200: 8 of 384 keys): merged by the Hopper kernel itself.
-  add("eight_seqs_h128_fused", config(128, 1, 64, {3000, 2900, 1, 0, 2500, 3070, 64, 3000}, 0));
+  // At most 4 splits per sequence (H200: 4 of 256 keys): merged by the Hopper kernel itself.
+  add("eight_seqs_h128_fused", config(128, 1, 64, {1000, 900, 1, 0, 800, 1020, 64, 990}, 0));
   add("two_seqs_h64_empty_rows", config(64, 1, 64, {4100, 0}, 0));
   add("qlen3_h32", config(32, 3, 32, {2600, 3, 700}, 0));  // causal rule across short splits
   add("qlen4_h8_fp8", config(8, 4, 64, {3300, 4}, 0, DType::kFP8E4M3));
