@@ -804,8 +804,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     g0 += npairs;
   }  // segments
   // The merges owed, once no product is left to issue (the break above follows a barrier: the jobs are visible).
+  if (tid == 0 && seg->njobs > 0) MLADCP_TIMELINE(kMergeStart);
   for (int j = 0; j < seg->njobs; ++j)
-    sm90_merge::merge_rows(p, seg->jobs[j], st_rows, 256 * wg + 2 * (lane & 3), p.lse && wg == 0 && (lane & 3) == 0);
+    sm90_merge::merge_rows(p, seg->jobs[j], st_rows, 256 * wg + 2 * (lane & 3), p.lse && wg == 0 && (lane & 3) == 0,
+                           q_s + wg * kStagedHalfBytes, kStagedPitch, wg);
+  if (tid == 0 && seg->njobs > 0) MLADCP_TIMELINE(kMergeEnd);
 #if MLADCP_SM90_TIMELINE
   named_bar_sync(kBarConsumers, kConsumerThreads);  // every consumer event of the window is in
   if (tid == 0) sm90_timeline::trace_flush(Smem::trace);
