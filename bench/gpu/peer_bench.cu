@@ -9,10 +9,10 @@
 // with events right around the call (device time only); the median. One key cache, no rotation.
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
-//                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,combine,
-//                                      fp8,fp8-combine,fp8-portable,fp8-all] [--hot-pages N] [--timeline]
+//                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fused,
+//                                      fp8,fp8-fused,fp8-portable,fp8-all] [--hot-pages N] [--timeline]
 // loaded-queries: the default with the Hopper kernel's consumers loading the query rows (no copy by the producer).
-// combine, fp8-combine: the default with the partial states always merged by the combine kernel (no fused merge).
+// fused, fp8-fused: the default with the Hopper 64-row kernel's fused merge (CudaBackendOptions::fused_merge).
 // fp8 policies: the same case on an fp8-e4m3 copy of the cache (kv_scale 1/8; no peer runs it): fp8 the default
 // backend, fp8-portable the portable kernel, fp8-all every row count on the Hopper fp8 kernel.
 // --timeline (a build with -DMLADCP_SM90_TIMELINE=ON): after each case, one more call with the Hopper kernel's per-CTA
@@ -324,8 +324,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
-                   "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,combine,fp8,"
-                   "fp8-combine,fp8-portable,fp8-all] "
+                   "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fused,fp8,"
+                   "fp8-fused,fp8-portable,fp8-all] "
                    "[--hot-pages N] [--timeline] [--chunk0-only]\n",
                    argv[0]);
       return 2;
@@ -365,9 +365,9 @@ int main(int argc, char** argv) {
   mladcp::CudaBackendOptions fp8_all_opt;
   fp8_all_opt.hopper_fp8_max_rows = 1 << 30;
   const std::unique_ptr<mladcp::Backend> fp8_all = mladcp::make_cuda_backend(fp8_all_opt);
-  mladcp::CudaBackendOptions combine_opt;
-  combine_opt.fused_merge = false;
-  const std::unique_ptr<mladcp::Backend> combine = mladcp::make_cuda_backend(combine_opt);
+  mladcp::CudaBackendOptions fused_opt;
+  fused_opt.fused_merge = true;
+  const std::unique_ptr<mladcp::Backend> fused = mladcp::make_cuda_backend(fused_opt);
   std::vector<Policy> policies;
   std::stringstream ps(policies_arg);
   for (std::string name; std::getline(ps, name, ',');) {
@@ -387,11 +387,10 @@ int main(int argc, char** argv) {
       policies.push_back({"mladcp-hopper-all", true, mladcp::SplitPolicy::kFillDevice, true, hopper_all.get()});
     else if (name == "loaded-queries")
       policies.push_back({"mladcp-loaded-queries", false, mladcp::SplitPolicy::kBatchInvariant, true, loaded.get()});
-    else if (name == "combine")
-      policies.push_back({"mladcp-combine", false, mladcp::SplitPolicy::kBatchInvariant, true, combine.get()});
-    else if (name == "fp8-combine")
-      policies.push_back(
-          {"mladcp-fp8-combine", false, mladcp::SplitPolicy::kBatchInvariant, true, combine.get(), true});
+    else if (name == "fused")
+      policies.push_back({"mladcp-fused", false, mladcp::SplitPolicy::kBatchInvariant, true, fused.get()});
+    else if (name == "fp8-fused")
+      policies.push_back({"mladcp-fp8-fused", false, mladcp::SplitPolicy::kBatchInvariant, true, fused.get(), true});
     else if (name == "fp8")
       policies.push_back({"mladcp-fp8", false, mladcp::SplitPolicy::kBatchInvariant, true, nullptr, true});
     else if (name == "fp8-portable")
@@ -402,7 +401,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "--policies: '%s' is not default, invariant, fill, nolse, splits, balanced, hopper-all, "
-                   "loaded-queries, combine, fp8, fp8-combine, fp8-portable or fp8-all\n",
+                   "loaded-queries, fused, fp8, fp8-fused, fp8-portable or fp8-all\n",
                    name.c_str());
       return 2;
     }

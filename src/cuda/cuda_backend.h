@@ -29,9 +29,10 @@ struct CudaBackendOptions {
   // The Hopper kernel on bf16 caches: a producer thread copies the query rows when they form one matrix (false: the
   // consumers load them, as for other layouts; comparisons).
   bool copy_queries = true;
-  // The Hopper 64-row kernel merges a sequence's partial states itself where they are few (decode_plan.h,
-  // kFusedMaxStates); false: the combine kernel always (comparisons).
-  bool fused_merge = true;
+  // true: the Hopper 64-row kernel merges a sequence's partial states itself where they are few (decode_plan.h,
+  // kFusedMaxStates) instead of the combine kernel. Off by default: correct and bit-identical, but its merge is
+  // still slower than the combine kernel (docs/perf/gpu-sm90-combine-2026-12-02.md).
+  bool fused_merge = false;
 };
 
 // The layout rules of the cuda kernels for a call that passed validate_decode (p with default

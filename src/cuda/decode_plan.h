@@ -244,7 +244,8 @@ inline BalancedChoice balanced_choice(int64_t num_seqs, int64_t row_chunks, int6
 // docs/perf/gpu-sm90-combine-2026-12-02.md). One CTA reads every state of its rows, so the merge takes it only
 // where a sequence has few states: a split plan of at most kFusedMaxStates splits, a balanced plan of at least one
 // sequence per kFusedMaxStates parts (more states per sequence: the combine kernel, which spreads them over the
-// device).
+// device). Taken only where the backend asks for it (CudaBackendOptions::fused_merge, off by default: the merge
+// itself is still slower than the combine kernel).
 inline constexpr int kFusedMaxStates = 4;
 
 struct DecodePlan {

@@ -806,16 +806,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The merges owed, once no product is left to issue (the break above follows a barrier: the jobs are visible).
   if (tid == 0 && seg->njobs > 0) MLADCP_TIMELINE(kMergeStart);
   for (int j = 0; j < seg->njobs; ++j)
-    sm90_merge::merge_rows(p, seg->jobs[j], st_rows, 256 * wg + 2 * (lane & 3), p.lse && wg == 0 && (lane & 3) == 0,
-                           q_s + wg * kStagedHalfBytes, kStagedPitch, wg);
+    sm90_merge::merge_rows(p, seg->jobs[j], st_rows, 256 * wg + 2 * (lane & 3), p.lse && wg == 0 && (lane & 3) == 0);
   if (tid == 0 && seg->njobs > 0) MLADCP_TIMELINE(kMergeEnd);
 #if MLADCP_SM90_TIMELINE
   named_bar_sync(kBarConsumers, kConsumerThreads);  // every consumer event of the window is in
   if (tid == 0) sm90_timeline::trace_flush(Smem::trace);
 #endif
   // The combine kernel (launched as a programmatic dependent) may start its prologue now; it waits for this grid's
-  // completion before it reads any partial state. (Triggered at the kernel's start instead, the combine ended 2-13%
-  // later: docs/perf/gpu-sm90-combine-2026-12-02.md.)
+  // completion before it reads any partial state. (Triggered at the kernel's start instead, calls ran
+  // up to 13% longer: docs/perf/gpu-sm90-combine-2026-12-02.md.)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 

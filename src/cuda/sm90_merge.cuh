@@ -21,11 +21,8 @@
 #include "core/lse_math.h"
 #include "cuda/decode_kernel.cuh"
 #include "cuda/sm90_decode_ring.cuh"
-#include "cuda/sm90_ptx.cuh"
 
 namespace mladcp::cuda_impl::sm90_merge {
-
-using namespace sm90;
 
 using sm90_ring::CtaWork;
 using sm90_ring::kRows;
@@ -107,11 +104,8 @@ __device__ __forceinline__ lse::Combiner row_combiner(int n, const float (&held)
 // Merges the states of the job's rows rs[0..1] (this thread's column pairs col0 + 8 j) and writes out (and lse from
 // the threads with write_lse). Run after the CTA's last segment: the output accumulators are dead there, so the
 // loads in flight have registers.
-// bf16 output is staged (`staged`: this warpgroup's [64 rows][pitch] bytes of shared memory, free after the last
-// segment) and written by bulk copies of whole 512-byte row halves, as the epilogue writes direct output: 4-byte
-// stores in the accumulator layout leave half sectors.
 __device__ __forceinline__ void merge_rows(const DecodeKernelParams& p, const MergeJob& w, const int (&rs)[2], int col0,
-                                           bool write_lse, uint8_t* staged, int pitch, int wg) {
+                                           bool write_lse) {
   const int n = w.states;
   const int64_t R = p.rows_per_seq;
   const StateBlocks block = state_blocks(p, w);
@@ -197,28 +191,11 @@ __device__ __forceinline__ void merge_rows(const DecodeKernelParams& p, const Me
 #pragma unroll
         for (int j = 0; j < 8; ++j) *reinterpret_cast<float2*>(dst + j * 8) = acc[hh][j];
       } else {
-        uint8_t* const row = staged + rs[hh] * pitch + jc * 128 + 4 * (col0 & 7) / 2;
+        uint16_t* dst = static_cast<uint16_t*>(p.out) + ob;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<uint32_t*>(row + (j << 4)) = pack_bf16(acc[hh][j].x, acc[hh][j].y);
+        for (int j = 0; j < 8; ++j) *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(acc[hh][j].x, acc[hh][j].y);
       }
     }
-  }
-  if (!p.out_fp32) {  // the warp's 16 rows, one bulk copy per 512-byte row half (lanes 0-15)
-    fence_proxy_async();
-    __syncwarp();
-    const int lane = threadIdx.x & 31;
-    if (lane < 16) {
-      const int r = (rs[0] & ~15) + lane;
-      const int grow_r = w.row0 + r;
-      if (grow_r < R) {
-        const int i = grow_r / p.num_heads, h = grow_r - i * p.num_heads;
-        bulk_store(static_cast<uint16_t*>(p.out) + out_elem(p, int64_t(w.seq) * p.q_len + i, h) + 256 * wg,
-                   smem_addr(staged + r * pitch), 512);
-      }
-      bulk_store_commit_and_wait_read();  // the staging is free again (a next job)
-    }
-    __syncwarp();
   }
   if (write_lse) {
 #pragma unroll

@@ -149,9 +149,14 @@ TEST(CudaSanitize, DecodeSmallShapes) {
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(64, 1, 64, {0, 70, 2100}, 19, DType::kFP8E4M3)));
   EXPECT_TRUE(matches_oracle_on_device(*balanced, config(32, 2, 16, {2, 3, 130, 700}, 20, DType::kFP8E4M3)));
   // The fused merge (at most 4 states per sequence, merged by the Hopper kernel): splits, then the balanced schedule.
-  EXPECT_TRUE(matches_oracle_on_device(*cuda, config(128, 1, 64, {900, 1000, 5, 0, 1000, 700, 950, 64}, 21)));
+  CudaBackendOptions f;
+  f.fused_merge = true;
+  auto fused = make_cuda_backend(f);
+  f.fill_schedule = cuda_plan::Schedule::kBalanced;
+  auto fused_balanced = make_cuda_backend(f);
+  EXPECT_TRUE(matches_oracle_on_device(*fused, config(128, 1, 64, {900, 1000, 5, 0, 1000, 700, 950, 64}, 21)));
   EXPECT_TRUE(matches_oracle_on_device(
-      *balanced,
+      *fused_balanced,
       config(128, 1, 32, {0, 3, 65, 700, 2, 130, 900, 1, 64, 400, 0, 5, 333, 1000, 77, 640, 9, 2, 512, 70}, 22)));
   auto single = single_stage_backend();
   EXPECT_TRUE(matches_oracle_on_device(*single, config(16, 1, 64, {2100}, 15)));

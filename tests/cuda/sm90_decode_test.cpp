@@ -31,10 +31,11 @@ bool device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
-// A "cuda" backend; portable = true keeps the portable kernel on Hopper.
-std::unique_ptr<Backend> cuda_backend(bool portable) {
+// A "cuda" backend; portable = true keeps the portable kernel on Hopper; fused: the Hopper kernel's fused merge.
+std::unique_ptr<Backend> cuda_backend(bool portable, bool fused = false) {
   CudaBackendOptions o;
   o.hopper_kernel = !portable;
+  o.fused_merge = fused;
   return make_cuda_backend(o);
 }
 
@@ -452,26 +453,27 @@ TEST(Sm90Decode, BatchInvariantAndDeterministic) {
   MLADCP_SKIP_WITHOUT_GPU();
   const int H = 64, q_len = 2;
   // 17000 keys: nine splits, so the batch's combine runs its mode for rows of many states; sequences 0 and 2 alone
-  // run the mode for few (the same bits, row by row).
+  // run the mode for few (the same bits, row by row), and with the fused merge sequence 2 alone (3 splits) is merged
+  // in the split kernel (the same bits again).
   const synthetic::Problem prob = make_problem(config(H, q_len, 64, {1500, 37, 4200, 0, 17000}, 211));
   const DeviceProblem dev(prob);
-  auto cuda = cuda_backend(false);
+  auto cuda = cuda_backend(false), fused = cuda_backend(false, true);
   const size_t T = size_t(prob.num_tokens());
-  auto run = [&](const MlaDecodeParams& base, size_t tokens, std::vector<uint8_t>* out_bytes,
+  auto run = [&](Backend& be, const MlaDecodeParams& base, size_t tokens, std::vector<uint8_t>* out_bytes,
                  std::vector<uint8_t>* lse_bytes) {
     GuardedBuffer out(DType::kBF16, tokens * H * kLatentDim), lse(DType::kFP32, tokens * H);
     MlaDecodeParams p = base;
     p.out = out.data();
     p.lse = lse.as<float>();
-    MLADCP_ASSERT_OK(run_device_decode(*cuda, p));
+    MLADCP_ASSERT_OK(run_device_decode(be, p));
     ASSERT_TRUE(out.download(out_bytes));
     ASSERT_TRUE(lse.download(lse_bytes));
   };
   MlaDecodeParams all = dev.params(prob, nullptr, DType::kBF16, nullptr, LseBase::kE);
   all.split_policy = SplitPolicy::kBatchInvariant;  // what this test checks
   std::vector<uint8_t> out_a, lse_a, out_b, lse_b;
-  run(all, T, &out_a, &lse_a);
-  run(all, T, &out_b, &lse_b);
+  run(*cuda, all, T, &out_a, &lse_a);
+  run(*cuda, all, T, &out_b, &lse_b);
   EXPECT_EQ(out_a, out_b) << "two identical calls gave different bits";
   EXPECT_EQ(lse_a, lse_b) << "two identical calls gave different bits";
   for (int seq : {0, 2, 4}) {
@@ -482,13 +484,16 @@ TEST(Sm90Decode, BatchInvariantAndDeterministic) {
     one.block_table_stride = prob.max_blocks_per_seq;
     one.seq_lens = all.seq_lens + seq;
     one.max_seq_len = std::max(1, prob.seq_lens[size_t(seq)]);
-    std::vector<uint8_t> out_1, lse_1;
-    run(one, q_len, &out_1, &lse_1);
     const size_t ob = size_t(seq) * q_len * H * kLatentDim * 2, lb = size_t(seq) * q_len * H * 4;
-    EXPECT_TRUE(std::equal(out_1.begin(), out_1.end(), out_a.begin() + ptrdiff_t(ob)))
-        << "sequence " << seq << " alone differs from the same sequence in the batch";
-    EXPECT_TRUE(std::equal(lse_1.begin(), lse_1.end(), lse_a.begin() + ptrdiff_t(lb)))
-        << "sequence " << seq << " alone differs from the same sequence in the batch";
+    for (Backend* b : {cuda.get(), fused.get()}) {
+      std::vector<uint8_t> out_1, lse_1;
+      run(*b, one, q_len, &out_1, &lse_1);
+      const char* how = b == fused.get() ? " (fused merge)" : "";
+      EXPECT_TRUE(std::equal(out_1.begin(), out_1.end(), out_a.begin() + ptrdiff_t(ob)))
+          << "sequence " << seq << " alone differs from the same sequence in the batch" << how;
+      EXPECT_TRUE(std::equal(lse_1.begin(), lse_1.end(), lse_a.begin() + ptrdiff_t(lb)))
+          << "sequence " << seq << " alone differs from the same sequence in the batch" << how;
+    }
   }
 }
 
