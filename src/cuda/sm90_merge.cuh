@@ -3,16 +3,19 @@
 // split kernel (decode_plan.h, kFusedMaxStates). The arithmetic is the combine kernel's, bit for bit (lse::Combiner
 // in base 2 with its lane sums and butterflies, lse::weighted, the states added in state order from +0, each product
 // and sum rounded separately): the result depends only on the row's states, never on which CTA arrived last, nor on
-// whether the batch's plan merges in the split kernel or in the combine kernel (batch invariance).
+// whether the batch's plan merges in the split kernel or in the combine kernel (batch invariance). Taken only with
+// CudaBackendOptions::fused_merge (off by default: this merge still takes 26-32 µs per CTA for two states of 64 rows,
+// more than the combine kernel costs; docs/perf/gpu-sm90-combine-2026-12-02.md).
 //
 // Protocol, per CTA with a partial state (consumer threads):
-//   1. every thread writes its part of the state (launch order: the record first, balanced schedule), then
-//      __threadfence(); a barrier;
+//   1. every thread writes its part of the state (the balanced schedule's record first), then __threadfence(); a
+//      barrier;
 //   2. thread 0 waits for the counters' zeroing kernel (griddepcontrol.wait: the split kernel is its programmatic
 //      dependent), adds one to the (sequence, chunk) counter, and fences; the CTA that brings it to the state count
-//      merges (a barrier hands the answer to the others);
-//   3. the merging threads read every state through L2 (ld.global.cg), in the accumulator layout of the epilogue:
-//      rows rs[0..1], column pairs col0 + 8 j, j < 32.
+//      owes the merge and files it (MergeJob);
+//   3. after the CTA's last segment (the next top-of-loop barrier publishes the jobs), the consumer threads read every
+//      state of a job through L2 (ld.global.cg), in the accumulator layout of the epilogue: rows rs[0..1], column
+//      pairs col0 + 8 j, j < 32.
 // Included by sm90_decode_kernel.cu only (sm_90a).
 #pragma once
 
