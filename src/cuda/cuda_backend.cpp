@@ -176,10 +176,10 @@ class CudaBackend final : public Backend {
         p.shard.interleave < 1)
       return 0;
     // Only kFillDevice's split length depends on the device (its wave, and the kernel's rows per CTA).
-    // (Other policies: the plan does not depend on the device; `fused` reserves the merge counters in case the
-    // Hopper kernel runs, sized for the narrowest row chunks.)
+    // (Other policies: the plan does not depend on the device; with the fused merge asked for, the counters are
+    // reserved in case the Hopper kernel runs, sized for the narrowest row chunks.)
     if (p.split_policy != SplitPolicy::kFillDevice)
-      return cuda_plan::make_plan(p, 0, 0, cuda_plan::Schedule::kSplits, true).workspace_bytes;
+      return cuda_plan::make_plan(p, 0, 0, cuda_plan::Schedule::kSplits, opt_.fused_merge).workspace_bytes;
     DeviceState dev;
     if (!current_device_state(&dev).ok()) return 0;  // decode() reports the device error
     const KernelChoice kc = choose_kernel(p, dev, opt_);

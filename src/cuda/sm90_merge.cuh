@@ -45,7 +45,9 @@ __device__ __forceinline__ bool arrive(const DecodeKernelParams& p, const CtaWor
   return before == w.states - 1;
 }
 
-// The row-block index of state k of the job's sequence in the workspace (rows [index · R, + R)).
+// The row-block index of state k of the job's sequence in the workspace (rows [index · R, + R)): the map of the
+// combine kernel's row_states (decode_launch.cu) for a whole chunk. Calling row_states here instead (it also
+// recomputes the state count) put spills into this kernel's pair loops.
 struct StateBlocks {
   int64_t first = 0, step = 1, slot0 = 0;
   __device__ int64_t operator()(int k) const { return first + k * step + (k == 0 ? slot0 : 0); }
