@@ -31,7 +31,7 @@ struct CudaBackendOptions {
   bool copy_queries = true;
   // true: the Hopper 64-row kernel merges a sequence's partial states itself where they are few (decode_plan.h,
   // kFusedMaxStates) instead of the combine kernel. Off by default: correct and bit-identical, but its merge is
-  // still slower than the combine kernel (docs/perf/gpu-sm90-combine-2026-12-02.md).
+  // still slower than the combine kernel (docs/perf/gpu-sm90-fused-merge-2026-12-02.md).
   bool fused_merge = false;
 };
 

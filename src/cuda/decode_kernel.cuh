@@ -123,6 +123,22 @@ __device__ __forceinline__ int64_t q_elem(const DecodeKernelParams& p, int64_t t
   return int64_t(h / p.head_group_size) * p.q_stride_group + t * p.q_stride_token +
          int64_t(h % p.head_group_size) * p.q_stride_head;
 }
+// lse::Combiner of a row's `count` partial states over one warp: lane i observes states i, i + 32, ... (lse_of(s)),
+// then the warp reduces the maximum and the sum by xor butterflies. The combine kernel and the Hopper kernel's fused
+// merge both take it, so a row's weights have the same bits whichever merges it (batch invariance).
+template <class LseOf>
+__device__ __forceinline__ lse::Combiner warp_combiner(int count, const LseOf& lse_of) {
+  lse::Combiner c(LseBase::k2);
+  const int lane = threadIdx.x & 31;
+  for (int s = lane; s < count; s += 32) c.observe_max(lse_of(s));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) c.max_l = fmaxf(c.max_l, __shfl_xor_sync(0xffffffffu, c.max_l, o));
+  for (int s = lane; s < count; s += 32) c.accumulate(lse_of(s));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) c.sum += __shfl_xor_sync(0xffffffffu, c.sum, o);
+  return c;
+}
+
 __device__ __forceinline__ int64_t out_elem(const DecodeKernelParams& p, int64_t t, int h) {
   return int64_t(h / p.head_group_size) * p.out_stride_group + t * p.out_stride_token +
          int64_t(h % p.head_group_size) * p.out_stride_head;

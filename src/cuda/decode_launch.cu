@@ -84,18 +84,9 @@ __device__ __forceinline__ RowStates row_states(const DecodeKernelParams& p, int
   return r;
 }
 
-// The weights of a row's states, from lse::Combiner: lane i observes states i, i + 32, ...; the warp reduces the
-// maximum, then the sum.
+// The weights of a row's states (warp_combiner, decode_kernel.cuh).
 __device__ __forceinline__ lse::Combiner row_combiner(const DecodeKernelParams& p, const RowStates& state) {
-  lse::Combiner c(LseBase::k2);
-  const int lane = threadIdx.x & 31;
-  for (int s = lane; s < state.count; s += 32) c.observe_max(p.ws_lse[state(s)]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) c.max_l = fmaxf(c.max_l, __shfl_xor_sync(0xffffffffu, c.max_l, o));
-  for (int s = lane; s < state.count; s += 32) c.accumulate(p.ws_lse[state(s)]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) c.sum += __shfl_xor_sync(0xffffffffu, c.sum, o);
-  return c;
+  return warp_combiner(state.count, [&](int s) { return p.ws_lse[state(s)]; });
 }
 
 // acc (16 columns per lane: float4 i at column 4 · (lane + 32 i)) += the weighted states first, first + stride, ...

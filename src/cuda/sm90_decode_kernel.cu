@@ -212,6 +212,8 @@ static_assert(kBarConsumers < kBarConvert, "the fp8 converters' named barrier (s
 constexpr int kStagedPitch = 512 + 16;
 constexpr int kStagedHalfBytes = kRows * kStagedPitch;
 static_assert(2 * kStagedHalfBytes <= kTileBytes, "the staged output fits in q_s");
+static_assert(sm90_merge::MergeSmem::total <= Smem::pb && sm90_merge::kBarrierBytes <= kBlockBytes,
+              "the fused merge's slots and table fit in q_s and the ring, its mbarriers in P_b's buffer");
 
 // The consumers' segments in shared memory (one thread advances them; live registers stay free for the
 // pipeline): the cursor and the current and next segment, by parity.
@@ -805,8 +807,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }  // segments
   // The merges owed, once no product is left to issue (the break above follows a barrier: the jobs are visible).
   if (tid == 0 && seg->njobs > 0) MLADCP_TIMELINE(kMergeStart);
-  for (int j = 0; j < seg->njobs; ++j)
-    sm90_merge::merge_rows(p, seg->jobs[j], st_rows, 256 * wg + 2 * (lane & 3), p.lse && wg == 0 && (lane & 3) == 0);
+  if (seg->njobs > 0)
+    sm90_merge::merge_jobs(p, seg->jobs, seg->njobs, smem, smem_addr(smem + Smem::pb), tid, kBarConsumers,
+                           kConsumerThreads);
   if (tid == 0 && seg->njobs > 0) MLADCP_TIMELINE(kMergeEnd);
 #if MLADCP_SM90_TIMELINE
   named_bar_sync(kBarConsumers, kConsumerThreads);  // every consumer event of the window is in

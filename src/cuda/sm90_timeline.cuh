@@ -35,9 +35,12 @@ enum Point : int {
   kQueries2,      // the query copier has issued the second piece's query blocks (q_s released)
   kMergeStart,    // fused merge: thread 0 starts the CTA's first merge (after its last segment)
   kMergeEnd,      // and has written its rows of the last one
+  kMergeTable,    // fused merge: the first merge's LSEs in shared memory
+  kMergeWeights,  // and the weights of its rows
+  kMergeFirst,    // and its first unit (8 rows of a state) landed
   kSm,            // the SM that ran the CTA (a value, not a time)
   kPieces,        // pieces of work of the CTA (a value)
-  kPoints = 24,   // points per CTA in the buffer
+  kPoints = 27,   // points per CTA in the buffer
 };
 constexpr int kCtas = 4096;
 
@@ -84,10 +87,10 @@ constexpr const char* kEventNames[] = {
     "b.k8",    "b.k0", "b.k1", "b.k2",  "b.k3",      "b.s_done",   "c.a03", "c.b48",      "c.a48",   "c.b03"};
 static_assert(sizeof(kEventNames) / sizeof(kEventNames[0]) == kPairEvents, "an event name per event");
 // Names of the time points kStart .. kSm - 1, as printed (kStart is printed as the CTAs' start range).
-constexpr const char* kNames[] = {"start", "setup",    "piece",    "scores0", "scores1",   "loop0",
-                                  "loop1", "rowsum",   "out0",     "out1",    "copypiece", "copypages",
-                                  "copy0", "copylast", "outfirst", "piece2",  "scores2",   "copypiece2",
-                                  "copy2", "queries2", "merge0",   "merge1"};
+constexpr const char* kNames[] = {"start",    "setup",  "piece",    "scores0",    "scores1",   "loop0",    "loop1",
+                                  "rowsum",   "out0",   "out1",     "copypiece",  "copypages", "copy0",    "copylast",
+                                  "outfirst", "piece2", "scores2",  "copypiece2", "copy2",     "queries2", "merge0",
+                                  "merge1",   "mtable", "mweights", "mfirst"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == kSm, "a name per time point");
 
 }  // namespace mladcp::cuda_impl::sm90_timeline

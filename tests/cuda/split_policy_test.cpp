@@ -299,6 +299,12 @@ std::vector<Case> fill_cases() {
   std::vector<int> many(132);
   for (size_t i = 0; i < many.size(); ++i) many[i] = int((i * 37) % 301);
   add("many_h128_whole", config(128, 1, 64, many, 0), false);
+  // One long sequence among short ones: the balanced schedule cuts it into many parts while the batch still has
+  // few parts per sequence, so the fused merge takes a sequence of dozens of states (more than a warp's 32 lanes).
+  std::vector<int> one_long(40);
+  for (size_t i = 0; i < one_long.size(); ++i) one_long[i] = int(1 + (i * 13) % 50);
+  one_long[7] = 12000;
+  add("one_long_h64_fused", config(64, 1, 64, one_long, 0), false);
   return cases;
 }
 
@@ -325,6 +331,41 @@ TEST_P(SplitPolicyOracle, FillDeviceMatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SplitPolicyOracle, ::testing::ValuesIn(fill_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// The same plan's states merged by the Hopper kernel itself and by the combine kernel: the same bits (batch
+// invariance across the two merges), also for rows of more than 8 states (the combine kernel's mode where the
+// CTA's warps each sum a chain of states) and of more than 32 (more states than a warp's lanes).
+TEST(SplitPolicy, FusedMergeMatchesCombineBitwise) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  std::vector<int> one_long(40);
+  for (size_t i = 0; i < one_long.size(); ++i) one_long[i] = int(1 + (i * 17) % 60);
+  one_long[3] = 14000;
+  const std::vector<synthetic::Config> cfgs = {config(64, 1, 64, one_long, 31),
+                                               config(128, 1, 64, {1000, 900, 1, 0, 800, 1020, 64, 990}, 32)};
+  for (const synthetic::Config& cfg : cfgs) {
+    const synthetic::Problem prob = make_problem(cfg);
+    const DeviceProblem dev(prob);
+    const size_t T = size_t(prob.num_tokens()), H = size_t(cfg.num_heads);
+    for (const cuda_plan::Schedule schedule : {cuda_plan::Schedule::kSplits, cuda_plan::Schedule::kBalanced}) {
+      std::vector<uint8_t> out_bytes[2], lse_bytes[2];
+      for (const bool fused : {false, true}) {
+        CudaBackendOptions o;
+        o.fill_schedule = schedule;
+        o.fused_merge = fused;
+        auto cuda = make_cuda_backend(o);
+        GuardedBuffer out(DType::kBF16, T * H * kLatentDim), lse(DType::kFP32, T * H);
+        MlaDecodeParams p = dev.params(prob, out.data(), DType::kBF16, lse.as<float>(), LseBase::kE);
+        p.split_policy = SplitPolicy::kFillDevice;
+        MLADCP_ASSERT_OK(run_device_decode(*cuda, p));
+        ASSERT_TRUE(out.download(&out_bytes[fused]));
+        ASSERT_TRUE(lse.download(&lse_bytes[fused]));
+      }
+      const char* what = schedule == cuda_plan::Schedule::kBalanced ? "balanced" : "splits";
+      EXPECT_EQ(out_bytes[0], out_bytes[1]) << describe(cfg) << " (" << what << "): out differs between the merges";
+      EXPECT_EQ(lse_bytes[0], lse_bytes[1]) << describe(cfg) << " (" << what << "): lse differs between the merges";
+    }
+  }
+}
 
 // Head groups with padded strides under both policies: CudaDecode.HeadGroupsWithPaddedStrides.
 
