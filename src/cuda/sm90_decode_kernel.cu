@@ -400,7 +400,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 4; ++i) mbar_init(bar_addr(empty, i), 8);  // one arrival per consumer warp
     for (int i = 0; i < 4; ++i) mbar_init(smem_addr(smem + Smem::staged) + 8 * i, 1);
     for (int i = 0; i < kSubTiles; ++i) mbar_init(smem_addr(smem + Smem::q_full) + 8 * i, 1);
-    mbar_init(smem_addr(smem + Smem::q_empty), 8);  // one arrival per consumer warp
+    mbar_init(smem_addr(smem + Smem::q_empty), 8);   // one arrival per consumer warp
+    mbar_init(smem_addr(smem + Smem::merge_go), 1);  // fused merge: consumer thread 0 publishes the jobs
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #if MLADCP_SM90_TIMELINE
     sm90_timeline::trace_clear(Smem::trace);
@@ -428,6 +429,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         produce<2, kFp8>(p, &kv_map, segs, smem, stage);
       else
         produce<4, kFp8>(p, &kv_map, segs, smem, stage);
+      // Fused merge: this thread copies the states of the merges the CTA owes, once the consumers are done.
+      if (tid == 2 * 128 && p.fused_merge) {
+        const SegmentState* const seg = reinterpret_cast<const SegmentState*>(smem + Smem::seg);
+        sm90_merge::copy_states(p, seg->jobs, &seg->njobs, smem, smem_addr(smem + Smem::pb),
+                                smem_addr(smem + Smem::merge_go));
+      }
     }
     return;
   }
@@ -808,8 +815,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The merges owed, once no product is left to issue (the break above follows a barrier: the jobs are visible).
   if (tid == 0 && seg->njobs > 0) MLADCP_TIMELINE(kMergeStart);
   if (seg->njobs > 0)
-    sm90_merge::merge_jobs(p, seg->jobs, seg->njobs, smem, smem_addr(smem + Smem::pb), tid, kBarConsumers,
-                           kConsumerThreads);
+    sm90_merge::merge_jobs(p, seg->jobs, seg->njobs, smem, smem_addr(smem + Smem::pb), smem_addr(smem + Smem::merge_go),
+                           tid, kBarConsumers, kConsumerThreads);
+  else if (p.fused_merge && tid == 0)
+    mbar_arrive(smem_addr(smem + Smem::merge_go));  // nothing to copy: the copying thread may exit
   if (tid == 0 && seg->njobs > 0) MLADCP_TIMELINE(kMergeEnd);
 #if MLADCP_SM90_TIMELINE
   named_bar_sync(kBarConsumers, kConsumerThreads);  // every consumer event of the window is in

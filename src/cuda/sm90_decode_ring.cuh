@@ -61,11 +61,12 @@ struct Smem {
   static constexpr int seg = qscale + 64 * 4;             // SegmentState: the consumers' segment cursor
   static constexpr int q_full = seg + 256;                // [9] u64: a query column block landed (copied queries)
   static constexpr int q_empty = q_full + kSubTiles * 8;  // u64: the consumers' last scores of a segment retired
+  static constexpr int merge_go = q_empty + 8;            // u64: fused merge, the jobs published (sm90_merge.cuh)
 #if MLADCP_SM90_TIMELINE
-  static constexpr int trace = q_empty + 8;  // the pair trace's window (sm90_timeline.cuh)
+  static constexpr int trace = merge_go + 8;  // the pair trace's window (sm90_timeline.cuh)
   static constexpr int total = trace + sm90_timeline::kTraceBytes;
 #else
-  static constexpr int total = q_empty + 8;
+  static constexpr int total = merge_go + 8;
 #endif
 };
 static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");

@@ -13,9 +13,10 @@
 //   2. thread 0 waits for the counters' zeroing kernel (griddepcontrol.wait: the split kernel is its programmatic
 //      dependent), adds one to the (sequence, chunk) counter, and fences; the CTA that brings it to the state count
 //      owes the merge and files it (MergeJob);
-//   3. after the CTA's last segment (the next top-of-loop barrier publishes the jobs), thread 0 copies the states
-//      8 rows at a time into the shared memory the pipeline no longer needs (bulk copies, 12 in flight), and each
-//      consumer warp adds its row of every 8 from there (merge_jobs).
+//   3. after the CTA's last segment (the next top-of-loop barrier publishes the jobs), a producer thread copies the
+//      states 8 rows at a time into the shared memory the pipeline no longer needs (copy_states: bulk copies, 12 in
+//      flight), while each consumer warp computes its rows' weights, then adds its row of every 8 from there
+//      (merge_jobs). (With consumer thread 0 issuing the copies between its own rows, the merge took ~20 µs.)
 // Included by sm90_decode_kernel.cu only (sm_90a).
 #pragma once
 
@@ -69,8 +70,8 @@ __device__ __forceinline__ StateBlocks state_blocks(const DecodeKernelParams& p,
 
 // The merge's shared memory, free after the CTA's last segment (offsets from the start of q_s, which the ring
 // follows): kSlots slots of 8 rows of one state (16 KiB), each filled by one bulk copy that completes on its `full`
-// mbarrier and released by the 8 consumer warps on its `empty` one; then a table of each row's first kTableStates
-// LSEs, which become their weights, and each row's combiner (maximum and sum).
+// mbarrier and released by the 8 consumer warps on its `empty` one; then the weights of each row's first
+// kTableStates states, and each row's combiner (maximum and sum).
 constexpr int kRowBytes = kLatentDim * 4;  // one row of a state: 512 fp32
 constexpr int kSlotRows = 8, kSlotBytes = kSlotRows * kRowBytes, kSlots = 12;
 constexpr int kTableStates = 32;
@@ -99,27 +100,74 @@ struct Cursor {
   }
 };
 
-// Runs the CTA's merges (njobs of them, in shared memory) with the 256 consumer threads (ctid), after the CTA's last
-// segment (no product in flight, the producer warps done); `smem`: the start of q_s, bars: kBarrierBytes there too.
-// Thread 0 (the one that counted the arrivals: its acquire orders the other CTAs' state writes before its bulk
-// copies, after a proxy fence) keeps kSlots units in flight. Warp wi merges rows wi, wi + 8, ... of each job, lane
-// l its columns 4 l + 128 q (q < 4): 16-byte shared loads, 8-byte (bf16) or 16-byte (fp32) global stores, whole
-// sectors. The code is small and its loops are not unrolled (each merging CTA runs it once).
-__device__ __forceinline__ void merge_jobs(const DecodeKernelParams& p, const MergeJob* jobs_s, int njobs,
-                                           uint8_t* smem, uint32_t bars, int ctid, int bar_id, int bar_threads) {
-  const int lane = ctid & 31, wi = ctid >> 5;
-  const MergeJob j0 = jobs_s[0], j1 = njobs > 1 ? jobs_s[1] : MergeJob{0, 0, 0};
-  const StateBlocks b0 = state_blocks(p, j0), b1 = njobs > 1 ? state_blocks(p, j1) : StateBlocks{};
-  const int R = p.rows_per_seq;
-  const int rows0 = min(kRows, R - j0.row0), rows1 = njobs > 1 ? min(kRows, R - j1.row0) : 0;
-  const int groups0 = (rows0 + kSlotRows - 1) / kSlotRows, groups1 = (rows1 + kSlotRows - 1) / kSlotRows;
+// A CTA's merge jobs (at most two) as both sides of the merge see them: states, rows, groups of 8 rows, units.
+struct Jobs {
+  MergeJob j0, j1;
+  StateBlocks b0, b1;
+  int rows0 = 0, rows1 = 0, groups0 = 0, groups1 = 0, total = 0;
   // (Selects, not arrays indexed at run time: those would live in local memory.)
-  auto job_of = [&](int job) { return job ? j1 : j0; };
-  auto blocks_of = [&](int job) { return job ? b1 : b0; };
-  auto lse_at = [&](int job, int k, int row) {
-    const MergeJob j = job_of(job);
-    return __ldcg(p.ws_lse + blocks_of(job)(k) * R + j.row0 + row);
-  };
+  __device__ MergeJob job(int i) const { return i ? j1 : j0; }
+  __device__ StateBlocks blocks(int i) const { return i ? b1 : b0; }
+  __device__ int rows(int i) const { return i ? rows1 : rows0; }
+  __device__ int groups(int i) const { return i ? groups1 : groups0; }
+  __device__ float lse(const DecodeKernelParams& p, int i, int k, int row) const {
+    return __ldcg(p.ws_lse + blocks(i)(k) * p.rows_per_seq + job(i).row0 + row);
+  }
+};
+__device__ __forceinline__ Jobs load_jobs(const DecodeKernelParams& p, const MergeJob* jobs_s, int njobs) {
+  Jobs J;
+  J.j0 = jobs_s[0];
+  J.j1 = njobs > 1 ? jobs_s[1] : MergeJob{0, 0, 0};
+  J.b0 = state_blocks(p, J.j0);
+  if (njobs > 1) J.b1 = state_blocks(p, J.j1);
+  J.rows0 = min(kRows, p.rows_per_seq - J.j0.row0);
+  J.rows1 = njobs > 1 ? min(kRows, p.rows_per_seq - J.j1.row0) : 0;
+  J.groups0 = (J.rows0 + kSlotRows - 1) / kSlotRows;
+  J.groups1 = (J.rows1 + kSlotRows - 1) / kSlotRows;
+  J.total = J.groups0 * J.j0.states + J.groups1 * J.j1.states;
+  return J;
+}
+
+// The copying side, run by one producer thread once its tiles are issued: waits for `go` (the consumers have
+// published the CTA's jobs and initialised the slots' mbarriers at bars), then copies every unit in order, each
+// into its slot once the 8 consumer warps have released the slot's previous unit. Its acquire of the jobs follows
+// consumer thread 0's (which counted the arrivals) through `go`; a proxy fence then orders the other CTAs' generic
+// state writes before its bulk reads.
+__device__ __forceinline__ void copy_states(const DecodeKernelParams& p, const MergeJob* jobs_s, const int* njobs_s,
+                                            uint8_t* smem, uint32_t bars, uint32_t go) {
+  mbar_wait(go, 0);
+  const int njobs = *njobs_s;
+  if (njobs == 0) return;
+  MLADCP_TIMELINE(kMergeGo);
+  const Jobs J = load_jobs(p, jobs_s, njobs);
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  const uint32_t full = bars, empty = bars + kSlots * 8;
+  const uint64_t policy = evict_first_policy();
+  const int R = p.rows_per_seq;
+  Cursor c;
+#pragma unroll 1
+  for (int u = 0; u < J.total; ++u) {
+    if (u >= kSlots) mbar_wait(bar_addr(empty, u % kSlots), uint32_t(u / kSlots - 1) & 1);
+    const MergeJob j = J.job(c.job);
+    const int row = kSlotRows * c.group;
+    const uint32_t bytes = uint32_t(min(kSlotRows, R - j.row0 - row)) * kRowBytes;
+    const uint32_t bar = bar_addr(full, u % kSlots);
+    mbar_arrive_expect_tx(bar, bytes);
+    bulk_copy(smem_addr(smem + (u % kSlots) * kSlotBytes),
+              p.ws_o + (J.blocks(c.job)(c.k) * R + j.row0 + row) * kLatentDim, bytes, bar, policy);
+    c.next(j.states, J.groups(c.job));
+  }
+}
+
+// The merging side: the CTA's merges (njobs > 0 of them, in shared memory) by the 256 consumer threads (ctid), after
+// the CTA's last segment (no product in flight); `smem`: the start of q_s, bars: kBarrierBytes there too (P_b's
+// buffer), go: the mbarrier copy_states waits on. Warp wi merges rows wi, wi + 8, ... of each job, lane l its columns
+// 4 l + 128 q (q < 4): 16-byte shared loads, 8-byte (bf16) or 16-byte (fp32) global stores, whole sectors.
+__device__ __forceinline__ void merge_jobs(const DecodeKernelParams& p, const MergeJob* jobs_s, int njobs,
+                                           uint8_t* smem, uint32_t bars, uint32_t go, int ctid, int bar_id,
+                                           int bar_threads) {
+  const int lane = ctid & 31, wi = ctid >> 5;
+  const Jobs J = load_jobs(p, jobs_s, njobs);
   float* const table = reinterpret_cast<float*>(smem + MergeSmem::table);
   float2* const combiner = reinterpret_cast<float2*>(smem + MergeSmem::combiner);
   const uint32_t full = bars, empty = bars + kSlots * 8;
@@ -130,46 +178,39 @@ __device__ __forceinline__ void merge_jobs(const DecodeKernelParams& p, const Me
       mbar_init(bar_addr(empty, b), 8);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the states' generic writes before bulk reads
+    mbar_arrive(go);  // the copies may start
   }
   named_bar_sync(bar_id, bar_threads);
-  const int total = groups0 * j0.states + groups1 * j1.states;
-  const uint64_t policy = evict_first_policy();
-  Cursor issued;  // thread 0: the next unit to copy
-  auto issue = [&](int u) {
-    const MergeJob j = job_of(issued.job);
-    const int row = kSlotRows * issued.group;
-    const uint32_t bytes = uint32_t(min(kSlotRows, R - j.row0 - row)) * kRowBytes;
-    const uint32_t bar = bar_addr(full, u % kSlots);
-    mbar_arrive_expect_tx(bar, bytes);
-    bulk_copy(smem_addr(smem + (u % kSlots) * kSlotBytes),
-              p.ws_o + (blocks_of(issued.job)(issued.k) * R + j.row0 + row) * kLatentDim, bytes, bar, policy);
-    issued.next(j.states, issued.job ? groups1 : groups0);
-  };
-  if (ctid == 0) {
-#pragma unroll 1
-    for (int u = 0; u < kSlots && u < total; ++u) issue(u);
-  }
 
-  // The table's LSEs, every load in flight at once (entry e: job e / (32 · 64), state e / 64 % 32, row e % 64).
-#pragma unroll 4
-  for (int e = ctid; e < 2 * kTableStates * kRows; e += kConsumerThreadsMerge) {
-    const int job = e / (kTableStates * kRows), k = e / kRows % kTableStates, row = e % kRows;
-    if (job < njobs && k < job_of(job).states && row < (job ? rows1 : rows0)) table[e] = lse_at(job, k, row);
-  }
-  named_bar_sync(bar_id, bar_threads);
-  if (ctid == 0) MLADCP_TIMELINE(kMergeTable);
-    // Each warp's rows: their combiners, and the table's LSEs become weights (only this warp reads its rows).
+  // Each warp's rows: their combiners (with warp_combiner's arithmetic) and their states' weights into the table.
+  // Up to 32 states, a row takes g lanes (the power of two >= its state count) and a warp 32 / g rows at once: the
+  // butterflies over the g lanes are warp_combiner's (its steps over lanes >= g add -inf to maxima and +0 to sums).
 #pragma unroll 1
   for (int job = 0; job < njobs; ++job) {
-    const int n = job_of(job).states;
+    const int n = J.job(job).states, rows = J.rows(job);
+    float* const tj = table + job * kTableStates * kRows;
+    if (n <= kTableStates) {
+      const int g = n <= 2 ? n : n <= 4 ? 4 : n <= 8 ? 8 : n <= 16 ? 16 : 32, s = lane & (g - 1);
 #pragma unroll 1
-    for (int row = wi; row < (job ? rows1 : rows0); row += 8) {
-      float* const t = table + job * kTableStates * kRows + row;
-      const lse::Combiner c =
-          warp_combiner(n, [&](int k) { return k < kTableStates ? t[k * kRows] : lse_at(job, k, row); });
-      if (lane < n) t[lane * kRows] = c.weight(t[lane * kRows]);
-      if (lane == 0) combiner[job * kRows + row] = make_float2(c.max_l, c.sum);
+      for (int r0 = 0; r0 < 8; r0 += 32 / g) {
+        const int r = r0 + lane / g, row = wi + 8 * r;
+        const bool live = r < 8 && row < rows && s < n;
+        const float l = live ? J.lse(p, job, s, row) : -INFINITY;
+        lse::Combiner c(LseBase::k2);
+        c.observe_max(l);
+        for (int o = g / 2; o > 0; o >>= 1) c.max_l = fmaxf(c.max_l, __shfl_xor_sync(0xffffffffu, c.max_l, o));
+        c.accumulate(l);
+        for (int o = g / 2; o > 0; o >>= 1) c.sum += __shfl_xor_sync(0xffffffffu, c.sum, o);
+        if (live) tj[s * kRows + row] = c.weight(l);
+        if (live && s == 0) combiner[job * kRows + row] = make_float2(c.max_l, c.sum);
+      }
+    } else {
+#pragma unroll 1
+      for (int row = wi; row < rows; row += 8) {
+        const lse::Combiner c = warp_combiner(n, [&](int k) { return J.lse(p, job, k, row); });
+        tj[lane * kRows + row] = c.weight(J.lse(p, job, lane, row));
+        if (lane == 0) combiner[job * kRows + row] = make_float2(c.max_l, c.sum);
+      }
     }
   }
   __syncwarp();
@@ -178,17 +219,17 @@ __device__ __forceinline__ void merge_jobs(const DecodeKernelParams& p, const Me
   float4 sum[4], chain[4];  // the row's sum of chains, and the current chain (columns 4 lane + 128 q)
   Cursor x;
 #pragma unroll 1
-  for (int u = 0; u < total; ++u) {
-    const MergeJob j = job_of(x.job);
+  for (int u = 0; u < J.total; ++u) {
+    const MergeJob j = J.job(x.job);
     const int row = kSlotRows * x.group + wi;
-    const bool valid = row < (x.job ? rows1 : rows0);
+    const bool valid = row < J.rows(x.job);
     lse::Combiner c(LseBase::k2);
     const float2 cm = combiner[x.job * kRows + row];
     c.max_l = cm.x;
     c.sum = cm.y;
     const float wt = !valid               ? 0.0f
                      : x.k < kTableStates ? table[(x.job * kTableStates + x.k) * kRows + row]
-                                          : c.weight(lse_at(x.job, x.k, row));
+                                          : c.weight(J.lse(p, x.job, x.k, row));
     if (x.k == x.w)
 #pragma unroll
       for (int q = 0; q < 4; ++q) chain[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -207,10 +248,6 @@ __device__ __forceinline__ void merge_jobs(const DecodeKernelParams& p, const Me
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(bar_addr(empty, u % kSlots));  // the warp is done with the slot
-    if (ctid == 0 && u + kSlots < total) {
-      mbar_wait(bar_addr(empty, u % kSlots), uint32_t(u / kSlots) & 1);
-      issue(u + kSlots);
-    }
     const int n = j.states;
     if (x.k + 8 >= n) {  // the chain ends: into the row's sum
 #pragma unroll
@@ -241,7 +278,7 @@ __device__ __forceinline__ void merge_jobs(const DecodeKernelParams& p, const Me
           p.lse[lse_elem(p, t, h)] = lse::convert(c.merged_lse(), LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
       }
     }
-    x.next(n, x.job ? groups1 : groups0);
+    x.next(n, J.groups(x.job));
   }
 }
 

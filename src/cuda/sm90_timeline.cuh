@@ -35,8 +35,8 @@ enum Point : int {
   kQueries2,      // the query copier has issued the second piece's query blocks (q_s released)
   kMergeStart,    // fused merge: thread 0 starts the CTA's first merge (after its last segment)
   kMergeEnd,      // and has written its rows of the last one
-  kMergeTable,    // fused merge: the first merge's LSEs in shared memory
-  kMergeWeights,  // and the weights of its rows
+  kMergeGo,       // fused merge: the copying thread has the jobs
+  kMergeWeights,  // consumer thread 0 has its rows' weights
   kMergeFirst,    // and its first unit (8 rows of a state) landed
   kSm,            // the SM that ran the CTA (a value, not a time)
   kPieces,        // pieces of work of the CTA (a value)
@@ -90,7 +90,7 @@ static_assert(sizeof(kEventNames) / sizeof(kEventNames[0]) == kPairEvents, "an e
 constexpr const char* kNames[] = {"start",    "setup",  "piece",    "scores0",    "scores1",   "loop0",    "loop1",
                                   "rowsum",   "out0",   "out1",     "copypiece",  "copypages", "copy0",    "copylast",
                                   "outfirst", "piece2", "scores2",  "copypiece2", "copy2",     "queries2", "merge0",
-                                  "merge1",   "mtable", "mweights", "mfirst"};
+                                  "merge1",   "mgo",    "mweights", "mfirst"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == kSm, "a name per time point");
 
 }  // namespace mladcp::cuda_impl::sm90_timeline
