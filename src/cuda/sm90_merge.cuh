@@ -4,8 +4,9 @@
 // from warp_combiner, decode_kernel.cuh; lse::weighted; a row's states summed in the combine kernel's order, each
 // product and sum rounded separately): the result depends only on the row's states, never on which CTA arrived
 // last, nor on whether the batch's plan merges in the split kernel or in the combine kernel (batch invariance,
-// tested bit for bit on the same plan). Taken only with CudaBackendOptions::fused_merge: still slower than the
-// combine kernel where it merges (docs/perf/gpu-sm90-fused-merge-2026-12-02.md).
+// tested bit for bit on the same plan). Taken only with CudaBackendOptions::fused_merge: with consumer thread 0
+// issuing the copies it was still slower than the combine kernel where it merges; the present form (a producer
+// thread copies) is not yet measured (docs/perf/gpu-sm90-fused-merge-2026-12-02.md).
 //
 // Protocol, per CTA with a partial state (consumer threads):
 //   1. every thread writes its part of the state (the balanced schedule's record first), then __threadfence(); a
@@ -16,7 +17,8 @@
 //   3. after the CTA's last segment (the next top-of-loop barrier publishes the jobs), a producer thread copies the
 //      states 8 rows at a time into the shared memory the pipeline no longer needs (copy_states: bulk copies, 12 in
 //      flight), while each consumer warp computes its rows' weights, then adds its row of every 8 from there
-//      (merge_jobs). (With consumer thread 0 issuing the copies between its own rows, the merge took ~20 µs.)
+//      (merge_jobs). (With consumer thread 0 issuing the copies between its own rows and each warp computing its
+//      rows' combiners one at a time, the merge took ~20 µs.)
 // Included by sm90_decode_kernel.cu only (sm_90a).
 #pragma once
 
@@ -36,7 +38,6 @@ using namespace sm90;
 struct MergeJob {
   int seq, row0, states;
 };
-constexpr int kConsumerThreadsMerge = 256;  // the threads that merge (the consumer warpgroups)
 
 // Whether this CTA's state of w's (sequence, row chunk) is the last to arrive (thread 0; every thread has written
 // its part and fenced, and the CTA has met at a barrier since).
