@@ -147,6 +147,37 @@ __device__ __forceinline__ int64_t lse_elem(const DecodeKernelParams& p, int64_t
   return int64_t(h / p.head_group_size) * p.lse_stride_group + t * p.lse_stride_token + (h % p.head_group_size);
 }
 
+// Writing a merged row (the combine kernel and the Hopper kernel's fused merge): its output element, 4 of its columns
+// (float4 or 4 bf16), its LSE in the caller's base.
+__device__ __forceinline__ int64_t row_out(const DecodeKernelParams& p, int seq, int grow) {
+  const int i_tok = grow / p.num_heads, h = grow - i_tok * p.num_heads;
+  return out_elem(p, int64_t(seq) * p.q_len + i_tok, h);
+}
+__device__ __forceinline__ void store4(void* out, bool fp32, int64_t i, float4 v) {
+  if (fp32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(out) + i) = v;
+  } else {
+    uint2 b;
+    b.x = pack_bf16(v.x, v.y);
+    b.y = pack_bf16(v.z, v.w);
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + i) = b;
+  }
+}
+__device__ __forceinline__ void store_row_lse(const DecodeKernelParams& p, int seq, int grow, const lse::Combiner& c) {
+  const int i_tok = grow / p.num_heads, h = grow - i_tok * p.num_heads;
+  if (p.lse)
+    p.lse[lse_elem(p, int64_t(seq) * p.q_len + i_tok, h)] =
+        lse::convert(c.merged_lse(), LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
+}
+// acc += wt · v, the product and the sum rounded separately (never one fused multiply-add): both merges add a row's
+// states this way and must get the same bits.
+__device__ __forceinline__ void add_weighted(float4& acc, float wt, float4 v) {
+  acc.x = __fadd_rn(acc.x, lse::weighted(wt, v.x));
+  acc.y = __fadd_rn(acc.y, lse::weighted(wt, v.y));
+  acc.z = __fadd_rn(acc.z, lse::weighted(wt, v.z));
+  acc.w = __fadd_rn(acc.w, lse::weighted(wt, v.w));
+}
+
 // Global length of sequence b, clamped into [0, max_seq_len] (the bound the grid was sized from).
 __device__ __forceinline__ int clamped_len(const DecodeKernelParams& p, int b) {
   const int len = p.seq_lens[b];

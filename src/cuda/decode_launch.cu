@@ -37,17 +37,6 @@ __device__ __forceinline__ uint64_t globaltimer() {
 
 namespace {
 
-__device__ __forceinline__ void store4(void* out, bool fp32, int64_t i, float4 v) {
-  if (fp32) {
-    *reinterpret_cast<float4*>(static_cast<float*>(out) + i) = v;
-  } else {
-    uint2 b;
-    b.x = pack_bf16(v.x, v.y);
-    b.y = pack_bf16(v.z, v.w);
-    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + i) = b;
-  }
-}
-
 // The combine kernel: 8 warps per CTA, units strided over the grid (at most kCombineCtasPerSm CTAs per SM). Two
 // modes, chosen by the host from what it knows of the state counts (launch_decode):
 //  - rows of few states (a split plan of at most kCombineFewStates splits, or a balanced plan of at least one
@@ -99,16 +88,9 @@ __device__ __forceinline__ void add_states(const DecodeKernelParams& p, const Ro
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = wt != 0.0f ? src[32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
   };
-  // Product and sum rounded separately (never one fused multiply-add): the CTA path adds these products as its
-  // warps' sums, and must get the same bits.
   auto add = [&](float wt, const float4(&v)[4]) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc[i].x = __fadd_rn(acc[i].x, lse::weighted(wt, v[i].x));
-      acc[i].y = __fadd_rn(acc[i].y, lse::weighted(wt, v[i].y));
-      acc[i].z = __fadd_rn(acc[i].z, lse::weighted(wt, v[i].z));
-      acc[i].w = __fadd_rn(acc[i].w, lse::weighted(wt, v[i].w));
-    }
+    for (int i = 0; i < 4; ++i) add_weighted(acc[i], wt, v[i]);
   };
   for (int s = first; s < state.count; s += 2 * stride) {
     const bool second = s + stride < state.count;
@@ -120,17 +102,6 @@ __device__ __forceinline__ void add_states(const DecodeKernelParams& p, const Ro
     add(wa, va);
     if (second) add(wb, vb);
   }
-}
-
-__device__ __forceinline__ void store_row_lse(const DecodeKernelParams& p, int seq, int grow, const lse::Combiner& c) {
-  const int i_tok = grow / p.num_heads, h = grow - i_tok * p.num_heads;
-  if (p.lse)
-    p.lse[lse_elem(p, int64_t(seq) * p.q_len + i_tok, h)] =
-        lse::convert(c.merged_lse(), LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
-}
-__device__ __forceinline__ int64_t row_out(const DecodeKernelParams& p, int seq, int grow) {
-  const int i_tok = grow / p.num_heads, h = grow - i_tok * p.num_heads;
-  return out_elem(p, int64_t(seq) * p.q_len + i_tok, h);
 }
 
 // One row merged by the CTA's 8 warps together (every thread calls it; `part`: the warps' sums).

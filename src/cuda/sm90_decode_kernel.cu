@@ -467,7 +467,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     seg->segs = segs;
     seg->njobs = 0;
   }
-  const int st_rows[2] = {16 * wi + (lane >> 2), 16 * wi + (lane >> 2) + 8};  // this thread's rows, in every segment
   int64_t g0 = 0;
   int q_loads = 0;  // segments with keys so far (the copied queries' phases)
   for (int k = 0;; ++k) {
@@ -527,7 +526,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     RowState st;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      st.rs[e] = st_rows[e];
+      st.rs[e] = 16 * wi + (lane >> 2) + 8 * e;
       const int grow = w.row0 + st.rs[e];
       st.nvis[e] =
           grow < p.rows_per_seq ? int(sharding::visible_local_keys(w.len, p.q_len, grow / p.num_heads, p.shard)) : 0;

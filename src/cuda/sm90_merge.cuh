@@ -239,13 +239,7 @@ __device__ __forceinline__ void merge_jobs(const DecodeKernelParams& p, const Me
     if (valid) {
       const float4* src = reinterpret_cast<const float4*>(smem + (u % kSlots) * kSlotBytes + wi * kRowBytes) + lane;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 v = src[32 * q];
-        chain[q].x = __fadd_rn(chain[q].x, lse::weighted(wt, v.x));
-        chain[q].y = __fadd_rn(chain[q].y, lse::weighted(wt, v.y));
-        chain[q].z = __fadd_rn(chain[q].z, lse::weighted(wt, v.z));
-        chain[q].w = __fadd_rn(chain[q].w, lse::weighted(wt, v.w));
-      }
+      for (int q = 0; q < 4; ++q) add_weighted(chain[q], wt, src[32 * q]);
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(bar_addr(empty, u % kSlots));  // the warp is done with the slot
@@ -263,20 +257,10 @@ __device__ __forceinline__ void merge_jobs(const DecodeKernelParams& p, const Me
         }
       }
       if (x.w + 1 == min(8, n) && valid) {  // the row's last chain: the merged row goes out
-        const int grow = j.row0 + row;
-        const int i = grow / p.num_heads, h = grow - i * p.num_heads;
-        const int64_t t = int64_t(j.seq) * p.q_len + i;
-        const int64_t ob = out_elem(p, t, h) + 4 * lane;
+        const int64_t ob = row_out(p, j.seq, j.row0 + row) + 4 * lane;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if (p.out_fp32)
-            *reinterpret_cast<float4*>(static_cast<float*>(p.out) + ob + 128 * q) = sum[q];
-          else
-            *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + ob + 128 * q) =
-                make_uint2(pack_bf16(sum[q].x, sum[q].y), pack_bf16(sum[q].z, sum[q].w));
-        }
-        if (p.lse && lane == 0)
-          p.lse[lse_elem(p, t, h)] = lse::convert(c.merged_lse(), LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
+        for (int q = 0; q < 4; ++q) store4(p.out, p.out_fp32, ob + 128 * q, sum[q]);
+        if (lane == 0) store_row_lse(p, j.seq, j.row0 + row, c);
       }
     }
     x.next(n, J.groups(x.job));
