@@ -418,7 +418,8 @@ int main(int argc, char** argv) {
   if (prop.major == 9) {
     // Ignored by the table; says whether the key multicast can run (clusters of two per wave).
     (void)mladcp::cuda_impl::set_sm90_decode_smem();
-    std::printf("CLUSTERS mladcp %d clusters of two Hopper CTAs at once\n", mladcp::cuda_impl::sm90_max_pair_clusters());
+    std::printf("CLUSTERS mladcp %d clusters of two Hopper CTAs at once\n",
+                mladcp::cuda_impl::sm90_max_pair_clusters());
   }
   const std::vector<PeerConfig> cfgs = read_configs(configs);
   for (size_t i = 0; i < cfgs.size(); ++i)

@@ -710,7 +710,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         MLADCP_PAIR_EVENT(kB7Pv2Retired);
         __syncwarp();
         release_half(1);  // stage 0, columns 4-8: P_a·V_a,R retired
-        if (more) {                                      // scores of the next tile b, for the next pair
+        if (more) {       // scores of the next tile b, for the next pair
           issue_scores<kFp8, 4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1, 0, 0,
                                 tid_in_wg == 0 ? g0 + i : -1, sm90_timeline::kB8Block4);
           wgmma_wait<0>();
@@ -904,6 +904,7 @@ int sm90_max_pair_clusters() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
   if (!known[dev]) {
+    if (set_sm90_decode_smem() != cudaSuccess) return 0;  // the query needs the kernel's shared-memory limit
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(2);
     cfg.blockDim = dim3(kThreads);

@@ -374,10 +374,9 @@ TEST(SplitPolicy, FusedMergeMatchesCombineBitwise) {
 TEST(SplitPolicy, KeyMulticastMatchesBitwise) {
   MLADCP_SKIP_WITHOUT_GPU();
   if (cuda_impl::sm90_max_pair_clusters() == 0) GTEST_SKIP() << "no clusters of two Hopper CTAs on this device";
-  const std::vector<synthetic::Config> cfgs = {config(128, 1, 64, {1000, 900, 1, 0, 800, 1020, 64, 4990}, 41),
-                                               config(128, 1, 32, {3000, 77, 0, 2100}, 42),
-                                               config(128, 1, 16, {700, 1300}, 43),
-                                               config(64, 2, 64, {2500, 0, 9, 1800, 640}, 44)};
+  const std::vector<synthetic::Config> cfgs = {
+      config(128, 1, 64, {1000, 900, 1, 0, 800, 1020, 64, 4990}, 41), config(128, 1, 32, {3000, 77, 0, 2100}, 42),
+      config(128, 1, 16, {700, 1300}, 43), config(64, 2, 64, {2500, 0, 9, 1800, 640}, 44)};
   for (const synthetic::Config& cfg : cfgs) {
     const synthetic::Problem prob = make_problem(cfg);
     const DeviceProblem dev(prob);
