@@ -10,10 +10,9 @@
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
 //                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fused,
-//                                      fp8,fp8-fused,fp8-portable,fp8-all,multicast] [--hot-pages N] [--timeline]
+//                                      fp8,fp8-fused,fp8-portable,fp8-all] [--hot-pages N] [--timeline]
 // loaded-queries: the default with the Hopper kernel's consumers loading the query rows (no copy by the producer).
 // fused, fp8-fused: the default with the Hopper 64-row kernel's fused merge (CudaBackendOptions::fused_merge).
-// multicast: the default with the key multicast of the Hopper 64-row kernel (CudaBackendOptions::key_multicast).
 // fp8 policies: the same case on an fp8-e4m3 copy of the cache (kv_scale 1/8; no peer runs it): fp8 the default
 // backend, fp8-portable the portable kernel, fp8-all every row count on the Hopper fp8 kernel.
 // --timeline (a build with -DMLADCP_SM90_TIMELINE=ON): after each case, one more call with the Hopper kernel's per-CTA
@@ -369,9 +368,6 @@ int main(int argc, char** argv) {
   mladcp::CudaBackendOptions fused_opt;
   fused_opt.fused_merge = true;
   const std::unique_ptr<mladcp::Backend> fused = mladcp::make_cuda_backend(fused_opt);
-  mladcp::CudaBackendOptions multicast_opt;
-  multicast_opt.key_multicast = true;
-  const std::unique_ptr<mladcp::Backend> multicast = mladcp::make_cuda_backend(multicast_opt);
   std::vector<Policy> policies;
   std::stringstream ps(policies_arg);
   for (std::string name; std::getline(ps, name, ',');) {
@@ -391,8 +387,6 @@ int main(int argc, char** argv) {
       policies.push_back({"mladcp-hopper-all", true, mladcp::SplitPolicy::kFillDevice, true, hopper_all.get()});
     else if (name == "loaded-queries")
       policies.push_back({"mladcp-loaded-queries", false, mladcp::SplitPolicy::kBatchInvariant, true, loaded.get()});
-    else if (name == "multicast")
-      policies.push_back({"mladcp-multicast", false, mladcp::SplitPolicy::kBatchInvariant, true, multicast.get()});
     else if (name == "fused")
       policies.push_back({"mladcp-fused", false, mladcp::SplitPolicy::kBatchInvariant, true, fused.get()});
     else if (name == "fp8-fused")
@@ -415,12 +409,6 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("DEVICE mladcp %s %d SMs\n", prop.name, prop.multiProcessorCount);
-  if (prop.major == 9) {
-    // Ignored by the table; says whether the key multicast can run (clusters of two per wave).
-    (void)mladcp::cuda_impl::set_sm90_decode_smem();
-    std::printf("CLUSTERS mladcp %d clusters of two Hopper CTAs at once\n",
-                mladcp::cuda_impl::sm90_max_pair_clusters());
-  }
   const std::vector<PeerConfig> cfgs = read_configs(configs);
   for (size_t i = 0; i < cfgs.size(); ++i)
     if (only < 0 || size_t(only) == i) run(*be, cfgs[i], policies, reps, warmup, spin_cycles, hot_pages, timeline);

@@ -29,9 +29,6 @@ struct CudaBackendOptions {
   // The Hopper kernel on bf16 caches: a producer thread copies the query rows when they form one matrix (false: the
   // consumers load them, as for other layouts; comparisons).
   bool copy_queries = true;
-  // The Hopper kernel on bf16 caches with two row chunks per sequence (65-128 query rows): the two chunks' CTAs of a
-  // split run as a cluster and each key block is copied once into both (TMA multicast) instead of once per CTA.
-  bool key_multicast = false;
   // true: the Hopper 64-row kernel merges a sequence's partial states itself where they are few (decode_plan.h,
   // kFusedMaxStates) instead of the combine kernel. Off by default: correct and bit-identical, but its merge is
   // still slower than the combine kernel (docs/perf/gpu-sm90-fused-merge-2026-12-02.md).

@@ -15,13 +15,12 @@ struct DecodeKernelParams {
   int num_seqs = 0, q_len = 1, num_heads = 0, head_group_size = 1;
   int rows_per_seq = 0, rows_per_cta = 16, row_chunks = 0, split_len = 0, max_splits = 1;
   int parts = 0;  // > 0: the balanced schedule of the Hopper kernel (decode_plan.h), grid parts · row_chunks
-  bool whole_short = false;    // balanced: sequences of at most one part's positions are never cut
-  int kv_stages = 2;           // 2: double-buffered key tiles; 1: single buffer (devices with less shared memory)
-  bool sm90 = false;           // 64-row bf16 CTAs run the Hopper kernel (sm90_decode.h) instead of the portable one
-  bool sm90_fp8 = false;       // 16- or 32-row fp8 CTAs run the Hopper fp8 kernel (sm90_decode.h)
-  int sm_count = 0;            // the device's SMs (bounds the combine kernel's grid; 0: one CTA per 8 rows)
-  bool copy_queries = true;    // Hopper kernel, bf16: query rows copied by the producer where they form one matrix
-  bool key_multicast = false;  // Hopper kernel, bf16, two row chunks: each key block copied once into both CTAs
+  bool whole_short = false;  // balanced: sequences of at most one part's positions are never cut
+  int kv_stages = 2;         // 2: double-buffered key tiles; 1: single buffer (devices with less shared memory)
+  bool sm90 = false;         // 64-row bf16 CTAs run the Hopper kernel (sm90_decode.h) instead of the portable one
+  bool sm90_fp8 = false;     // 16- or 32-row fp8 CTAs run the Hopper fp8 kernel (sm90_decode.h)
+  int sm_count = 0;          // the device's SMs (bounds the combine kernel's grid; 0: one CTA per 8 rows)
+  bool copy_queries = true;  // Hopper kernel, bf16: query rows copied by the producer where they form one matrix
 
   const uint16_t* q = nullptr;  // bf16
   int64_t q_stride_token = 0, q_stride_head = 0, q_stride_group = 0;

@@ -134,20 +134,50 @@ __device__ void combine_row_by_cta(const DecodeKernelParams& p, int64_t row, flo
   __syncthreads();  // part is reused
 }
 
+// Launched as a programmatic dependent of the Hopper split kernel: waits for its partial states (at once otherwise).
+__device__ __forceinline__ void wait_for_split_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // The units of 8 rows (the mode for rows of few states).
 __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4 (*part)[kLatentDim / 4], int* many,
                                int lane, int warp) {
+  bool waited = false;
   for (int64_t group = blockIdx.x; group * kCombineWarps < rows; group += gridDim.x) {
     // A row of few states: this warp alone, states in order.
     const int64_t row = group * kCombineWarps + warp;
     const int seq = int(row / p.rows_per_seq), grow = int(row - int64_t(seq) * p.rows_per_seq);
-    const RowStates state = row < rows ? row_states(p, seq, grow) : RowStates{};
+    // The split schedule's states follow from the sequence lengths (an input): found before the wait for the split
+    // kernel, so that the first group's loads follow it at once. The balanced schedule's records come from that kernel.
+    RowStates state = row < rows && p.parts == 0 ? row_states(p, seq, grow) : RowStates{};
+    if (!waited) {
+      wait_for_split_kernel();
+      waited = true;
+    }
+    if (row < rows && p.parts > 0) state = row_states(p, seq, grow);
     if (state.count > 1 && state.count <= kCombineFewStates) {
+      // States 0 and 1 are loaded before the weights are known (every state of a row is written, so the loads
+      // need not wait for them): one memory latency less on the row's chain. Then the rest, in order.
+      float4 v0[4], v1[4];
+      const float4* const src0 = reinterpret_cast<const float4*>(p.ws_o + state(0) * kLatentDim) + lane;
+      const float4* const src1 = reinterpret_cast<const float4*>(p.ws_o + state(1) * kLatentDim) + lane;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v0[i] = src0[32 * i];
+        v1[i] = src1[32 * i];
+      }
       const lse::Combiner c = row_combiner(p, state);
+      const float w0 = c.weight(p.ws_lse[state(0)]), w1 = c.weight(p.ws_lse[state(1)]);
       float4 acc[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-      add_states(p, state, c, 0, 1, acc);
+      for (int i = 0; i < 4; ++i) {
+        acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        add_weighted(acc[i], w0, v0[i]);
+        add_weighted(acc[i], w1, v1[i]);
+      }
+      add_states(p, state, c, 2, 1, acc);
       const int64_t o = row_out(p, seq, grow);
 #pragma unroll
       for (int i = 0; i < 4; ++i) store4(p.out, p.out_fp32, o + 4 * (lane + 32 * i), acc[i]);
@@ -166,16 +196,13 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
     mla_decode_combine_kernel(const DecodeKernelParams p, int group_rows) {
   __shared__ float4 part[kCombineWarps][kLatentDim / 4];
   __shared__ int many[kCombineWarps];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the Hopper split kernel: wait for its partial states.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
 #if MLADCP_SM90_TIMELINE
   if (threadIdx.x == 0) atomicMin(reinterpret_cast<unsigned long long*>(&g_combine_times[0]), globaltimer());
 #endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t rows = int64_t(p.num_seqs) * p.rows_per_seq;
   if (group_rows == 1) {
+    wait_for_split_kernel();
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) combine_row_by_cta(p, row, part);
   } else {
     combine_groups(p, rows, part, many, lane, warp);

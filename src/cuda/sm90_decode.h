@@ -28,10 +28,6 @@ size_t sm90_decode_smem_bytes();
 // offers no tensor-map encoder.
 cudaError_t set_sm90_decode_smem();
 
-// Clusters of two CTAs of the bf16 kernel the current device runs at once (the key multicast is taken where they
-// cover a wave); 0 when the device has none or the query fails.
-int sm90_max_pair_clusters();
-
 // Launches the split kernel (p.rows_per_cta == 64, bf16 or (fp8) fp8-e4m3 cache, p.num_blocks >= 1) on
 // `stream`; the caller launches the combine kernel when p.max_splits > 1.
 cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, cudaStream_t stream);

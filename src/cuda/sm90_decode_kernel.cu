@@ -368,7 +368,7 @@ __device__ __forceinline__ void zero_tail_rows(uint8_t* stage, int valid, int c0
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90_kernel(const DecodeKernelParams p, const __grid_constant__ CUtensorMap kv_map,
-                           const __grid_constant__ CUtensorMap q_map, bool q_copied, bool multicast) {
+                           const __grid_constant__ CUtensorMap q_map, bool q_copied) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31;
   const int wg = tid >> 7;
@@ -391,15 +391,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!segs.balanced && segs.split >= cuda_plan::num_splits(local_keys(p, clamped_len(p, segs.seq)), p.split_len))
     return;
 #if MLADCP_SM90_TIMELINE
-  // experiment: only the first row chunk runs (not with the key multicast, whose CTAs run in pairs)
-  if (segs.rc != 0 && sm90_timeline::g_chunk0_only && !multicast) return;
+  if (segs.rc != 0 && sm90_timeline::g_chunk0_only) return;  // experiment: only the first row chunk runs
 #endif
 
   const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
   if (tid == 0) {
     for (int i = 0; i < 2 * kSubTiles; ++i) mbar_init(bar_addr(full, i), 1);
-    // One arrival per consumer warp (of both CTAs of the pair with the key multicast).
-    for (int i = 0; i < 4; ++i) mbar_init(bar_addr(empty, i), multicast ? 16 : 8);
+    for (int i = 0; i < 4; ++i) mbar_init(bar_addr(empty, i), 8);  // one arrival per consumer warp
     for (int i = 0; i < 4; ++i) mbar_init(smem_addr(smem + Smem::staged) + 8 * i, 1);
     for (int i = 0; i < kSubTiles; ++i) mbar_init(smem_addr(smem + Smem::q_full) + 8 * i, 1);
     mbar_init(smem_addr(smem + Smem::q_empty), 8);   // one arrival per consumer warp
@@ -411,9 +409,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (segs.balanced) segs.cur = balanced_start(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red));
   __syncthreads();
-  // Key multicast: the other CTA's copies and arrivals reach this CTA's barriers only once both are initialised.
-  const uint32_t peer = multicast ? cluster_cta_rank() ^ 1u : 0u;
-  if (multicast) cluster_sync();
   if (tid == 0) {
     MLADCP_TIMELINE(kSetup);
     MLADCP_TIMELINE_SET(kSm, sm90_timeline::smid());
@@ -428,13 +423,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (tid == 2 * 128 || (!kFp8 && tid == 2 * 128 + 64)) {
       // bf16: lane 0 of warps 8 and 10 copy stages 0 and 1; fp8: lane 0 of warp 8 copies both.
       const int stage = kFp8 ? -1 : (tid - 2 * 128) / 64;
-      const int mc_rank = multicast ? int(peer ^ 1u) : -1;
       if (p.block_size >= kTile)
-        produce<1, kFp8>(p, &kv_map, segs, smem, stage, mc_rank);
+        produce<1, kFp8>(p, &kv_map, segs, smem, stage);
       else if (p.block_size == 32)
-        produce<2, kFp8>(p, &kv_map, segs, smem, stage, mc_rank);
+        produce<2, kFp8>(p, &kv_map, segs, smem, stage);
       else
-        produce<4, kFp8>(p, &kv_map, segs, smem, stage, mc_rank);
+        produce<4, kFp8>(p, &kv_map, segs, smem, stage);
       // Fused merge: this thread copies the states of the merges the CTA owes, once the consumers are done.
       if (tid == 2 * 128 && p.fused_merge) {
         const SegmentState* const seg = reinterpret_cast<const SegmentState*>(smem + Smem::seg);
@@ -442,7 +436,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                                 smem_addr(smem + Smem::merge_go));
       }
     }
-    if (multicast) cluster_sync();  // the other CTA's consumers may still arrive on this CTA's barriers
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kFp8 ? kConsumerRegsFp8 : kConsumerRegs));
@@ -470,14 +463,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // barrier after each step of the cursor also keeps q_s and red from being written again before both
   // warpgroups are past the last epilogue (its row sums read, its scores retired).
   SegmentState* const seg = reinterpret_cast<SegmentState*>(smem + Smem::seg);
-  // A warp's release of stage half h (the `empty` barriers: 0, 1 = stage 0's columns 0-3, 4-8; 2, 3 = stage 1's), in
-  // this CTA and, with the key multicast, in the other CTA of the pair (whose copying thread refills both).
-  auto release_half = [&](int h) {
-    if (lane == 0) {
-      mbar_arrive(bar_addr(empty, h));
-      if (multicast) mbar_arrive_remote(bar_addr(empty, h), peer);
-    }
-  };
   if (tid == 0) {
     seg->segs = segs;
     seg->njobs = 0;
@@ -576,7 +561,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         float mx[2], m_a[2], alpha[2], m_b[2], beta[2];
         MLADCP_PAIR_EVENT(kA0Start);
         __syncwarp();
-        release_half(3);  // stage 1, columns 4-8: this warpgroup never reads them
+        if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: this warpgroup never reads them
         // m_a = max(m, rowmax S_a), published at once: warpgroup 1 holds S_b already and needs only m_a.
         mask_scores(s, mx, ok, k_begin + 2 * i * kTile, st, lane);
 #pragma unroll
@@ -616,12 +601,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         named_bar_arrive(kBarPa, kConsumerThreads);
         MLADCP_PAIR_EVENT(kA4PaStored);
         __syncwarp();
-        release_half(1);  // stage 0, columns 4-8: only warpgroup 1 reads them now
+        if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: only warpgroup 1 reads them now
         wgmma_wait<0>();
         fence_regs(o);
         MLADCP_PAIR_EVENT(kA5PvRetired);
         __syncwarp();
-        release_half(0);  // stage 0, columns 0-3: P_a·V_a,L retired
+        if (lane == 0) mbar_arrive(bar_addr(empty, 0));  // stage 0, columns 0-3: P_a·V_a,L retired
         // O_L ·= 2^(m_a − m_b), O_L += P_b·V_b,L (P_b from its own buffer, at m_b).
         rescale_rows(o, beta);
         named_bar_sync(kBarPb, kConsumerThreads);
@@ -634,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         fence_regs(o);
         __syncwarp();
-        release_half(2);  // stage 1, columns 0-3: P_b·V_b,L retired
+        if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
         MLADCP_PAIR_EVENT(kA7Pv2Retired);
         if (more) {  // scores of the next tile a, for the next pair
           issue_scores<kFp8, 0>(s, q_lo, k_lo0, full, par ^ 1, 0, 0, tid_in_wg == 0 ? g0 + i : -1,
@@ -662,8 +647,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         // m_b = max(m_a, rowmax S_b), published; O_R's scale moves once per pair, from m to m_b.
         mask_scores(s, mx, ok + 1, k_begin + (2 * i + 1) * kTile, st, lane);
         __syncwarp();
-        release_half(0);  // columns 0-3 of both stages: this warpgroup reads them no more in this pair
-        release_half(2);
+        if (lane == 0) {  // columns 0-3 of both stages: this warpgroup reads them no more in this pair
+          mbar_arrive(bar_addr(empty, 0));
+          mbar_arrive(bar_addr(empty, 2));
+        }
         named_bar_sync(kBarMa, kConsumerThreads);
         MLADCP_PAIR_EVENT(kB1MaReceived);
 #pragma unroll
@@ -704,13 +691,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<1>();
         MLADCP_PAIR_EVENT(kB6PvRetired);
         __syncwarp();
-        release_half(3);  // stage 1, columns 4-8: P_b·V_b,R retired
+        if (lane == 0) mbar_arrive(bar_addr(empty, 3));  // stage 1, columns 4-8: P_b·V_b,R retired
         wgmma_wait<0>();
         fence_regs(o);
         MLADCP_PAIR_EVENT(kB7Pv2Retired);
         __syncwarp();
-        release_half(1);  // stage 0, columns 4-8: P_a·V_a,R retired
-        if (more) {       // scores of the next tile b, for the next pair
+        if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
+        if (more) {                                      // scores of the next tile b, for the next pair
           issue_scores<kFp8, 4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1, 0, 0,
                                 tid_in_wg == 0 ? g0 + i : -1, sm90_timeline::kB8Block4);
           wgmma_wait<0>();
@@ -840,7 +827,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // completion before it reads any partial state. (Triggered at the kernel's start instead, calls ran
   // up to 13% longer: docs/perf/gpu-sm90-combine-2026-12-02.md.)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  if (multicast) cluster_sync();  // the other CTA's consumers may still arrive on this CTA's barriers
 }
 
 // cuTensorMapEncodeTiled from the driver, without linking libcuda.
@@ -897,36 +883,6 @@ cudaError_t set_sm90_decode_smem() {
                               int(Smem::total));
 }
 
-// Cached per device.
-int sm90_max_pair_clusters() {
-  static int cached[64];
-  static bool known[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-  if (!known[dev]) {
-    if (set_sm90_decode_smem() != cudaSuccess) return 0;  // the query needs the kernel's shared-memory limit
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(2);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = size_t(Smem::total);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, mla_decode_sm90_kernel<false>, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();
-      n = 0;
-    }
-    cached[dev] = n;
-    known[dev] = true;
-  }
-  return cached[dev];
-}
-
 cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, cudaStream_t stream) {
   // The paged cache as a 3-D tensor [num_blocks][block_size][576] with the caller's strides; one box = 64 dims ×
   // min(64, block_size) keys of one page: bf16 written 128-byte swizzled (a ring block), fp8 unswizzled
@@ -963,30 +919,19 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
+  // Fused merge: a programmatic dependent of the kernel that zeroes the arrival counters (decode_launch.cu).
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(grid));
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = size_t(Smem::total);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  // Fused merge: a programmatic dependent of the kernel that zeroes the arrival counters (decode_launch.cu).
-  if (p.fused_merge) {
-    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true>, p, map, q_map, false, false);
-  // Key multicast: the two row chunks of a split (adjacent CTAs) as a cluster of two, where the device holds one
-  // such cluster per two SMs of a wave (clusters are placed within a GPC).
-  const bool multicast = p.key_multicast && p.row_chunks == 2 && !p.fused_merge && grid % 2 == 0 &&
-                         2 * int64_t(sm90_max_pair_clusters()) >= std::min<int64_t>(grid, p.sm_count);
-  if (multicast) {
-    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    attr[cfg.numAttrs].val.clusterDim.x = 2;
-    attr[cfg.numAttrs].val.clusterDim.y = 1;
-    attr[cfg.numAttrs++].val.clusterDim.z = 1;
-  }
-  return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false>, p, map, q_map, q_copied, multicast);
+  cfg.numAttrs = p.fused_merge ? 1 : 0;
+  if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true>, p, map, q_map, false);
+  return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false>, p, map, q_map, q_copied);
 }
 
 }  // namespace mladcp::cuda_impl

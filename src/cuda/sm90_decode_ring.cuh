@@ -85,17 +85,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// The same box into this CTA and the other CTAs of `mask` (cluster ranks), at the same shared-memory offset in each,
-// completing on the mbarrier at `bar`'s offset in each.
-__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int dim,
-                                                      int row, int block, uint16_t mask, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6, %7;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(dim), "r"(row), "r"(block), "r"(bar), "h"(mask), "l"(policy)
-      : "memory");
-}
-
 // One box of the query rows (64 dims × 64 rows, rows = token · H + head) into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int dim, int row) {
   asm volatile(
@@ -282,14 +271,9 @@ __device__ __forceinline__ uint64_t present_bits(const TilePages<kCopies>& tp, i
 // for 16. bf16: each block straight into the ring, completing on its `full` barrier. fp8 (kFp8): each stage
 // half's blocks into the back of the half, completing on the half's `staged` barrier; the converters take
 // it from there.
-//
-// Key multicast (bf16, `mc_rank` >= 0: the two row-chunk CTAs of a split, a cluster of two, read the same keys): each
-// CTA's copying thread arms its own barriers for every block but copies only the blocks of its parity (c % 2 ==
-// mc_rank), each into both CTAs at once; a stage half is refilled once the consumers of both CTAs have released it
-// (their arrivals reach both CTAs' `empty` barriers). The keys then leave L2 once per split instead of once per CTA.
 template <int kCopies, bool kFp8>
 __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUtensorMap* map, Segments segs,
-                                        uint8_t* smem, int stage, int mc_rank) {
+                                        uint8_t* smem, int stage) {
   constexpr int rows = kTile / kCopies;  // keys per copy
   const uint32_t kv = smem_addr(smem + Smem::kv);
   const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
@@ -315,17 +299,10 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
       for (int c = c0; c < c1; ++c) {
         const uint32_t bar = bar_addr(full, st * kSubTiles + c);
         mbar_arrive_expect_tx(bar, kBlockBytes);
-        if (mc_rank < 0) {
 #pragma unroll
-          for (int q = 0; q < kCopies; ++q)
-            tma_load_3d(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, tp.row[q], tp.blk[q],
-                        policy);
-        } else if ((c & 1) == mc_rank) {
-#pragma unroll
-          for (int q = 0; q < kCopies; ++q)
-            tma_load_3d_multicast(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, tp.row[q],
-                                  tp.blk[q], 0x3, policy);
-        }
+        for (int q = 0; q < kCopies; ++q)
+          tma_load_3d(stage + uint32_t(c * kBlockBytes + q * rows * 128), map, bar, c * 64, tp.row[q], tp.blk[q],
+                      policy);
       }
     }
   };
