@@ -86,7 +86,7 @@ __device__ __forceinline__ void add_states(const DecodeKernelParams& p, const Ro
   auto load = [&](int s, float wt, float4(&v)[4]) {
     const float4* src = reinterpret_cast<const float4*>(p.ws_o + state(s) * kLatentDim) + lane;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = wt != 0.0f ? src[32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = 0; i < 4; ++i) v[i] = wt != 0.0f ? __ldcs(src + 32 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
   };
   auto add = [&](float wt, const float4(&v)[4]) {
 #pragma unroll
@@ -165,8 +165,8 @@ __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4
       const float4* const src1 = reinterpret_cast<const float4*>(p.ws_o + state(1) * kLatentDim) + lane;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        v0[i] = src0[32 * i];
-        v1[i] = src1[32 * i];
+        v0[i] = __ldcs(src0 + 32 * i);
+        v1[i] = __ldcs(src1 + 32 * i);
       }
       const lse::Combiner c = row_combiner(p, state);
       const float w0 = c.weight(p.ws_lse[state(0)]), w1 = c.weight(p.ws_lse[state(1)]);

@@ -769,9 +769,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         const int64_t state = w.state_block * p.rows_per_seq + grow;
         float* dst = p.ws_o + state * kLatentDim + col0;
+        const uint64_t keep = evict_last_policy();
 #pragma unroll
-        for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + j * 8) = val(j);
-        if (wg == 0 && (lane & 3) == 0) p.ws_lse[state] = lse2;
+        for (int j = 0; j < 32; ++j) store_evict_last(reinterpret_cast<float2*>(dst + j * 8), val(j), keep);
+        if (wg == 0 && (lane & 3) == 0) store_evict_last(p.ws_lse + state, lse2, keep);
       }
     }
     // bf16 output written directly: each warp's 16 rows × 256 columns, staged in q_s (its queries are no longer
