@@ -4,9 +4,9 @@
 // from warp_combiner, decode_kernel.cuh; lse::weighted; a row's states summed in the combine kernel's order, each
 // product and sum rounded separately): the result depends only on the row's states, never on which CTA arrived
 // last, nor on whether the batch's plan merges in the split kernel or in the combine kernel (batch invariance,
-// tested bit for bit on the same plan). Taken only with CudaBackendOptions::fused_merge: with consumer thread 0
-// issuing the copies it was still slower than the combine kernel where it merges; the present form (a producer
-// thread copies) is not yet measured (docs/perf/gpu-sm90-fused-merge-2026-12-02.md).
+// tested bit for bit on the same plan). Taken only with CudaBackendOptions::fused_merge: it is still 4-15% slower
+// than the combine kernel where it merges (the states reach a merging SM at ~23 GB/s, and only half the SMs merge;
+// docs/perf/gpu-sm90-fused-merge-2026-12-02.md).
 //
 // Protocol, per CTA with a partial state (consumer threads):
 //   1. every thread writes its part of the state (the balanced schedule's record first), then __threadfence(); a
