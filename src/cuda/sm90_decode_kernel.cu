@@ -78,26 +78,6 @@ __device__ __forceinline__ void wgmma_qk_m64n64(float (&d)[32], uint64_t desc_a,
   else
     asm volatile(MLADCP_QK_ASM("bf16") : MLADCP_S32 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
-// S (64 rows × 64 keys) += Q·Kᵀ over 16 dims with Q from registers (the A fragment of the m64k16 shape).
-#define MLADCP_QK_RS_ASM(T)                                         \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                      \
-  "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {"        \
-  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"          \
-  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31" \
-  "}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-template <bool kF16>
-__device__ __forceinline__ void wgmma_qk_rs_m64n64(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                   uint64_t desc_b, int accumulate) {
-  if constexpr (kF16)
-    asm volatile(MLADCP_QK_RS_ASM("f16")
-                 : MLADCP_S32
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(accumulate));
-  else
-    asm volatile(MLADCP_QK_RS_ASM("bf16")
-                 : MLADCP_S32
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(accumulate));
-}
-#undef MLADCP_QK_RS_ASM
 #undef MLADCP_QK_ASM
 #undef MLADCP_S32
 
@@ -161,22 +141,6 @@ __device__ __forceinline__ void wgmma_pv_rs(float (&d)[128], uint32_t a0, uint32
 #undef MLADCP_O128
 #undef MLADCP_O128_REGS
 
-// This thread's A fragments of the query rows' rope block (64 rows × 64 dims, 128-byte rows swizzled in 16-byte
-// chunks: chunk k of row r at (k ^ (r & 7)) · 16): for k-step ks, rows r0 = 16·wi + lane/4 and r0 + 8, dims
-// 16·ks + 2·(lane & 3) (+ 1) and + 8 (the m64k16 register layout, as exponentiate packs P).
-__device__ __forceinline__ void load_rope_fragments(uint32_t (&qr)[16], const uint8_t* rope) {
-  const int lane = threadIdx.x & 31, wi = (threadIdx.x >> 5) & 3;
-  const int r0 = 16 * wi + (lane >> 2), r1 = r0 + 8, byte = 4 * (lane & 3);
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int chunk = 2 * ks + h;
-      qr[4 * ks + 2 * h] = *reinterpret_cast<const uint32_t*>(rope + r0 * 128 + ((chunk ^ (r0 & 7)) << 4) + byte);
-      qr[4 * ks + 2 * h + 1] = *reinterpret_cast<const uint32_t*>(rope + r1 * 128 + ((chunk ^ (r1 & 7)) << 4) + byte);
-    }
-}
-
 // S = Q·Kᵀ over the 64 keys of a stage (36 k-steps of 16 dims; the first overwrites S), one commit group
 // per 64-dim column block, each issued once its copy (`full`, phase parity `parity`) has landed. The
 // blocks go in the order the ring refills them: warpgroup 0 from block 0 (its stage's columns 0-3 are
@@ -186,31 +150,22 @@ __device__ __forceinline__ void load_rope_fragments(uint32_t (&qr)[16], const ui
 // The first scores of a segment with copied queries also wait for each query column block (q_full, phase parity
 // q_parity; 0: no wait). trace_pair ≥ 0: the pair trace's events trace_event + j as each block's wait returns (the
 // timeline build only).
-// The query rows' rope block (dims 512-575, q_s block 8: rope points to it) is the A operand of its 4 k-steps from
-// registers (qr: the m64k16 fragments of this thread's rows, 16·wi + lane/4 and + 8), read from q_s by the segment's
-// first scores (kFirst) once that block has landed: 8 KiB less of shared-memory operand reads per tile. bf16 only:
-// in the fp8 kernel the 16 registers put local-memory traffic into the pair loops.
-template <bool kF16, int kFirstBlock, bool kFirst = false>
-__device__ __forceinline__ void issue_scores(float (&s)[32], uint32_t (&qr)[16], const uint8_t* rope, uint32_t q_lo,
-                                             uint32_t k_lo, uint32_t full, uint32_t parity, uint32_t q_full = 0,
-                                             uint32_t q_parity = 0, int64_t trace_pair = -1, int trace_event = 0) {
+template <bool kF16, int kFirstBlock>
+__device__ __forceinline__ void issue_scores(float (&s)[32], uint32_t q_lo, uint32_t k_lo, uint32_t full,
+                                             uint32_t parity, uint32_t q_full = 0, uint32_t q_parity = 0,
+                                             int64_t trace_pair = -1, int trace_event = 0) {
   fence_regs(s);
 #pragma unroll
   for (int j = 0; j < kSubTiles; ++j) {
     const int c = (kFirstBlock + j) % kSubTiles;
     if (q_full) mbar_wait(q_full + 8 * c, q_parity);
-    if (kFirst && !kF16 && c == kSubTiles - 1) load_rope_fragments(qr, rope);
     mbar_wait(full + 8 * c, parity);
     if (trace_pair >= 0) MLADCP_TRACE(trace_pair, trace_event + j);
     wgmma_fence();
 #pragma unroll
     for (int k4 = 0; k4 < 4; ++k4) {
       const uint32_t koff = uint32_t((c * kBlockBytes + k4 * 32) >> 4);
-      if (!kF16 && c == kSubTiles - 1)
-        wgmma_qk_rs_m64n64<kF16>(s, qr[4 * k4], qr[4 * k4 + 1], qr[4 * k4 + 2], qr[4 * k4 + 3], desc(k_lo + koff),
-                                 j > 0 || k4 > 0);
-      else
-        wgmma_qk_m64n64<kF16>(s, desc(q_lo + koff), desc(k_lo + koff), j > 0 || k4 > 0);
+      wgmma_qk_m64n64<kF16>(s, desc(q_lo + koff), desc(k_lo + koff), j > 0 || k4 > 0);
     }
     wgmma_commit();
   }
@@ -588,13 +543,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     float o[128];
     float s[32];
     uint32_t pr[16];
-    uint32_t qr[16];  // the query rows' rope block (A fragments), read by the segment's first scores
-    const uint8_t* const rope = q_s + (kSubTiles - 1) * kBlockBytes;
 
     if (wg == 0) {
       // ---- warpgroup 0: tiles a (stage 0), columns [0, 256) ----
       if (npairs > 0) {  // scores of the first tile a
-        issue_scores<kFp8, 0, true>(s, qr, rope, q_lo, k_lo0, full, uint32_t(g0) & 1, q_full, q_parity);
+        issue_scores<kFp8, 0>(s, q_lo, k_lo0, full, uint32_t(g0) & 1, q_full, q_parity);
         wgmma_wait<0>();
         fence_regs(s);
         if (tid == 0 && k == 0) MLADCP_TIMELINE(kScoresWg0);
@@ -669,7 +622,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0) mbar_arrive(bar_addr(empty, 2));  // stage 1, columns 0-3: P_b·V_b,L retired
         MLADCP_PAIR_EVENT(kA7Pv2Retired);
         if (more) {  // scores of the next tile a, for the next pair
-          issue_scores<kFp8, 0>(s, qr, rope, q_lo, k_lo0, full, par ^ 1, 0, 0, tid_in_wg == 0 ? g0 + i : -1,
+          issue_scores<kFp8, 0>(s, q_lo, k_lo0, full, par ^ 1, 0, 0, tid_in_wg == 0 ? g0 + i : -1,
                                 sm90_timeline::kA8Block0);
           wgmma_wait<0>();
           fence_regs(s);
@@ -679,8 +632,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       // ---- warpgroup 1: tiles b (stage 1), columns [256, 512) ----
       if (npairs > 0) {  // scores of the first tile b
-        issue_scores<kFp8, 4, true>(s, qr, rope, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), uint32_t(g0) & 1,
-                                    q_full, q_parity);
+        issue_scores<kFp8, 4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), uint32_t(g0) & 1, q_full, q_parity);
         wgmma_wait<0>();
         fence_regs(s);
         if (tid == 128 && k == 0) MLADCP_TIMELINE(kScoresWg1);
@@ -746,7 +698,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_addr(empty, 1));  // stage 0, columns 4-8: P_a·V_a,R retired
         if (more) {                                      // scores of the next tile b, for the next pair
-          issue_scores<kFp8, 4>(s, qr, rope, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1, 0, 0,
+          issue_scores<kFp8, 4>(s, q_lo, k_lo0 + kStage, bar_addr(full, kSubTiles), par ^ 1, 0, 0,
                                 tid_in_wg == 0 ? g0 + i : -1, sm90_timeline::kB8Block4);
           wgmma_wait<0>();
           fence_regs(s);
