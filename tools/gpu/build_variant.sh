@@ -13,12 +13,21 @@
 # The folder also holds cuda_state_test and mladcp_gpu_bench, so that it serves as MLADCP_GPU_PREBUILT (tools/gpu/run.sh
 # build test sanitize peers without building there). About 20 MB per variant (the carry limit is 64 MiB in all). Needs
 # .deps (tools/gpu/prepare_deps.sh).
+#
+#   tools/gpu/build_variant.sh NAME COMMIT   the same for a commit's tree (a git worktree in build/wt/NAME, its own
+#                                            build folder there), e.g. an experiment kept in history but reverted
 set -euo pipefail
-[ $# -eq 1 ] || { echo "usage: $0 NAME" >&2; exit 2; }
+[ $# -eq 1 ] || [ $# -eq 2 ] || { echo "usage: $0 NAME [COMMIT]" >&2; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-build="$root/build/gpu-variant"
+src="$root"
+if [ $# -eq 2 ]; then
+  src="$root/build/wt/$1"
+  [ -d "$src" ] && git -C "$root" worktree remove --force "$src"
+  git -C "$root" worktree add --detach "$src" "$2" >/dev/null
+fi
+build="$src/build/gpu-variant"
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLADCP_DEPS_DIR="$root/.deps" -DMLADCP_WITH_CUDA=ON \
+cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLADCP_DEPS_DIR="$root/.deps" -DMLADCP_WITH_CUDA=ON \
   -DMLADCP_WITH_NCCL=OFF -DMLADCP_WITH_MPI=OFF -DMLADCP_BUILD_APPS=OFF -DMLADCP_BUILD_BENCH=ON -DMLADCP_BUILD_TESTS=ON \
   -DMLADCP_CUDA_GENCODE_PORTABLE= >/dev/null
 ninja -C "$build" cuda_decode_test cuda_state_test mladcp_gpu_bench mladcp_peer_bench
@@ -26,6 +35,6 @@ dest="$root/build/var/$1"
 mkdir -p "$dest"
 cp "$build/tests/cuda/cuda_decode_test" "$build/tests/cuda/cuda_state_test" "$build/bench/gpu/mladcp_gpu_bench" \
   "$build/bench/gpu/mladcp_peer_bench" "$dest/"
-stamp="$(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD || echo '+local')"
+stamp="$(git -C "$src" rev-parse --short HEAD)$(git -C "$src" diff --quiet HEAD || echo '+local')"
 echo "$stamp (tools/gpu/build_variant.sh $1, $(date -u +%FT%TZ))" >"$dest/STAMP"
 echo "$stamp -> $dest"
