@@ -135,9 +135,13 @@ __device__ void combine_row_by_cta(const DecodeKernelParams& p, int64_t row, flo
 }
 
 // Launched as a programmatic dependent of the Hopper split kernel: waits for its partial states (at once otherwise).
+// The timeline's combine span starts here, after the wait, as it did when the wait opened the kernel.
 __device__ __forceinline__ void wait_for_split_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+#if MLADCP_SM90_TIMELINE
+  if (threadIdx.x == 0) atomicMin(reinterpret_cast<unsigned long long*>(&g_combine_times[0]), globaltimer());
 #endif
 }
 
@@ -196,9 +200,6 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
     mla_decode_combine_kernel(const DecodeKernelParams p, int group_rows) {
   __shared__ float4 part[kCombineWarps][kLatentDim / 4];
   __shared__ int many[kCombineWarps];
-#if MLADCP_SM90_TIMELINE
-  if (threadIdx.x == 0) atomicMin(reinterpret_cast<unsigned long long*>(&g_combine_times[0]), globaltimer());
-#endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t rows = int64_t(p.num_seqs) * p.rows_per_seq;
   if (group_rows == 1) {
