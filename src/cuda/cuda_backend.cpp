@@ -271,6 +271,7 @@ class CudaBackend final : public Backend {
       k.ws_o = reinterpret_cast<float*>(ws + plan.ws_o_offset);
       k.fused_merge = plan.fused_merge;
       if (plan.fused_merge) k.ws_counter = reinterpret_cast<int*>(ws + plan.ws_counter_offset);
+      if (plan.ws_merges_offset > 0) k.ws_merges = reinterpret_cast<int*>(ws + plan.ws_merges_offset);
     }
     return cuda_impl::launch_decode(k, fp8, plan.grid, ctx.stream);
   }

@@ -58,6 +58,9 @@ struct DecodeKernelParams {
   // launch_decode before the split kernel; no combine kernel.
   bool fused_merge = false;
   int* ws_counter = nullptr;
+  // Balanced schedule with the combine kernel: set to 1 by the split kernel once a partial state is written (zeroed by
+  // launch_decode before it; the combine kernel exits at once while it is 0).
+  int* ws_merges = nullptr;
 };
 
 // Dynamic shared memory of the split kernel for a shape (bytes).

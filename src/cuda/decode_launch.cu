@@ -145,6 +145,12 @@ __device__ __forceinline__ void wait_for_split_kernel() {
 #endif
 }
 
+// A balanced plan whose split kernel wrote no partial state (every sequence whole): nothing to merge. Read after the
+// wait for the split kernel.
+__device__ __forceinline__ bool nothing_to_merge(const DecodeKernelParams& p) {
+  return p.ws_merges != nullptr && __ldcg(p.ws_merges) == 0;
+}
+
 // The units of 8 rows (the mode for rows of few states).
 __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4 (*part)[kLatentDim / 4], int* many,
                                int lane, int warp) {
@@ -158,6 +164,7 @@ __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4
     RowStates state = row < rows && p.parts == 0 ? row_states(p, seq, grow) : RowStates{};
     if (!waited) {
       wait_for_split_kernel();
+      if (nothing_to_merge(p)) return;  // uniform over the grid
       waited = true;
     }
     if (row < rows && p.parts > 0) state = row_states(p, seq, grow);
@@ -204,6 +211,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   const int64_t rows = int64_t(p.num_seqs) * p.rows_per_seq;
   if (group_rows == 1) {
     wait_for_split_kernel();
+    if (nothing_to_merge(p)) return;
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) combine_row_by_cta(p, row, part);
   } else {
     combine_groups(p, rows, part, many, lane, warp);
@@ -239,8 +247,9 @@ Status prepare_decode_kernels(size_t max_smem_optin) {
   return Status::Ok();
 }
 
-// The fused merge's arrival counters set to zero before the split kernel, which is launched as its programmatic
-// dependent: it starts at once and waits (griddepcontrol.wait) only before its first arrival.
+// The fused merge's arrival counters, or a balanced plan's merge flag, set to zero before the split kernel, which is
+// launched as its programmatic dependent: it starts at once and waits (griddepcontrol.wait) only before its first
+// arrival or flag.
 __global__ void zero_counters_kernel(int* counters, int n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -255,6 +264,9 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
   if (p.fused_merge) {
     const int n = p.num_seqs * p.row_chunks;
     zero_counters_kernel<<<(n + 1023) / 1024 < 8 ? (n + 1023) / 1024 : 8, 1024, 0, s>>>(p.ws_counter, n);
+    MLADCP_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), "zero_counters_kernel launch"));
+  } else if (p.ws_merges != nullptr) {
+    zero_counters_kernel<<<1, 32, 0, s>>>(p.ws_merges, 1);
     MLADCP_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), "zero_counters_kernel launch"));
   }
   switch (p.rows_per_cta) {

@@ -260,7 +260,10 @@ struct DecodePlan {
   bool fused_merge = false;  // the split kernel merges the states (kFusedMaxStates), no combine kernel
   size_t ws_record_offset = 0, ws_lse_offset = 0, ws_o_offset = 0;
   size_t ws_counter_offset = 0;  // fused merge: int [B][row_chunks], arrivals of partial states (zeroed per call)
-  size_t workspace_bytes = 0;    // 0 when no sequence can have two splits
+  // Balanced schedule with the combine kernel: int, set by a CTA that writes a partial state (zeroed per call), so
+  // that the combine kernel exits at once where every sequence was written whole.
+  size_t ws_merges_offset = 0;
+  size_t workspace_bytes = 0;  // 0 when no sequence can have two splits
 };
 
 inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -308,6 +311,9 @@ inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta
   if (plan.fused_merge) {
     plan.ws_counter_offset = align_up(plan.workspace_bytes, 256);
     plan.workspace_bytes = plan.ws_counter_offset + size_t(p.num_seqs) * size_t(plan.row_chunks) * sizeof(int);
+  } else if (plan.parts > 0) {
+    plan.ws_merges_offset = align_up(plan.workspace_bytes, 256);
+    plan.workspace_bytes = plan.ws_merges_offset + sizeof(int);
   }
   return plan;
 }

@@ -800,6 +800,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (w.record && tid == 0) p.ws_record[int64_t(w.seq) * p.row_chunks + w.row0 / kRows] = w.rec;
+    if (!direct && p.ws_merges != nullptr && tid == 0) {    // the combine kernel has a state to merge
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");  // after launch_decode's zeroing
+      *p.ws_merges = 1;
+    }
     // Fused merge (sm90_merge.cuh): the CTA whose state of the sequence's rows arrives last merges them all, after
     // its last segment (a CTA of the balanced schedule owes at most two: its first and last pieces).
     if (!direct && p.fused_merge) {
@@ -920,7 +924,8 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
-  // Fused merge: a programmatic dependent of the kernel that zeroes the arrival counters (decode_launch.cu).
+  // Fused merge, or a balanced plan's merge flag: a programmatic dependent of the kernel that zeroes the arrival
+  // counters or the flag (decode_launch.cu).
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(grid));
   cfg.blockDim = dim3(kThreads);
@@ -930,7 +935,7 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = p.fused_merge ? 1 : 0;
+  cfg.numAttrs = p.fused_merge || p.ws_merges != nullptr ? 1 : 0;
   if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true>, p, map, q_map, false);
   return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false>, p, map, q_map, q_copied);
 }

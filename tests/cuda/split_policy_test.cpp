@@ -216,6 +216,13 @@ TEST(SplitPolicyPlan, FusedMergeWhereStatesAreFew) {
   EXPECT_FALSE(plan(16, 128, 16384, true).fused_merge);  // balanced, 66 parts for 16 sequences
   EXPECT_FALSE(plan(4, 16, 131072, true).fused_merge);   // balanced, 132 parts for 4 sequences
   EXPECT_FALSE(plan(128, 128, 1024, true).fused_merge);  // one split per sequence: nothing to merge
+  // Balanced with the combine kernel: the merge flag after the states (the combine kernel exits while it is 0).
+  const cuda_plan::DecodePlan bal = plan(16, 128, 16384, false);
+  EXPECT_GT(bal.parts, 0);
+  EXPECT_GT(bal.ws_merges_offset, 0u);
+  EXPECT_EQ(bal.workspace_bytes, bal.ws_merges_offset + sizeof(int));
+  EXPECT_EQ(two.ws_merges_offset, 0u);
+  EXPECT_EQ(plan(32, 128, 16384, true).ws_merges_offset, 0u);  // fused: its own counters
 }
 
 // ---- oracle ---------------------------------------------------------------------------------------
