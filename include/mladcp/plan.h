@@ -98,8 +98,9 @@ struct DeviceParams {
   // CTAs per SM of the 16/32-row fp8 kernel (fp8 caches of at most 32 rows per sequence): 2 for the portable
   // kernel, 1 for the Hopper fp8 kernel. Optional in the file; 2 when absent.
   int fp8_small_ctas_per_sm = 2;
-  // kFillDevice takes the balanced schedule on the 64-row kernel where its split plan would run several
-  // waves of several splits (the Hopper kernel; cuda_plan::make_plan). Optional in the file; false when absent.
+  // kFillDevice takes the balanced schedule on the Hopper kernels (64 rows; fp8 16/32 rows where
+  // fp8_small_ctas_per_sm is 1) where the split plan would run several waves of several splits
+  // (cuda_plan::make_plan). Optional in the file; false when absent.
   bool balanced_schedule = false;
 };
 

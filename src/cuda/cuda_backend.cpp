@@ -183,9 +183,7 @@ class CudaBackend final : public Backend {
     DeviceState dev;
     if (!current_device_state(&dev).ok()) return 0;  // decode() reports the device error
     const KernelChoice kc = choose_kernel(p, dev, opt_);
-    return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta,
-                                kc.sm90 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits,
-                                kc.sm90 && opt_.fused_merge)
+    return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, schedule(kc), kc.sm90 && opt_.fused_merge)
         .workspace_bytes;
   }
 
@@ -205,8 +203,7 @@ class CudaBackend final : public Backend {
                                              " query rows needs ", kc.smem,
                                              " bytes of shared memory per block; this device allows ", dev.smem_optin));
     const cuda_plan::DecodePlan plan =
-        cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta,
-                             kc.sm90 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits, kc.sm90 && opt_.fused_merge);
+        cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, schedule(kc), kc.sm90 && opt_.fused_merge);
     if (plan.grid > std::numeric_limits<int32_t>::max() ||
         int64_t(p.num_seqs) * plan.rows_per_seq > std::numeric_limits<int32_t>::max())
       return invalid("num_seqs=", p.num_seqs, ", max_seq_len=", p.max_seq_len, ": ", plan.grid,
@@ -287,6 +284,11 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // kFillDevice's schedule: both Hopper kernels run the balanced schedule as well as splits; the portable one splits.
+  cuda_plan::Schedule schedule(const KernelChoice& kc) const {
+    return kc.sm90 || kc.sm90_fp8 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits;
+  }
+
   BackendCapabilities caps_;
   CudaBackendOptions opt_;
 };

@@ -107,7 +107,7 @@ inline int fill_split_tokens(int64_t max_local, int64_t base_ctas, int64_t wave_
   return int(best_len);
 }
 
-// ---- balanced schedule: kFillDevice on the Hopper kernel ----
+// ---- balanced schedule: kFillDevice on the Hopper kernels (64 rows; fp8 16/32 rows) ----
 //
 // One wave of persistent CTAs: `parts` parts × row_chunks CTAs (parts = the device's wave / row chunks).
 // Work positions: sequence s takes kBalancedOverheadTiles positions (its query load and epilogue) and then
@@ -272,7 +272,7 @@ inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // policy are read). `wave_ctas`: split CTAs the device runs at once (SMs × resident CTAs per SM),
 // read by kFillDevice only. `cta_rows`: the kernel's rows per CTA (the Hopper kernel always takes 64,
 // packing 16·q_len rows and leaving the rest empty); 0 = rows_per_cta(H · q_len). `schedule`: whether
-// kFillDevice takes the balanced schedule (only the Hopper kernel runs it): never, where it pays, always.
+// kFillDevice takes the balanced schedule (only the Hopper kernels run it): never, where it pays, always.
 // `fused`: the kernel can merge the states itself (the Hopper 64-row kernel); taken where the states are few.
 inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta_rows = 0,
                             Schedule schedule = Schedule::kSplits, bool fused = false) {

@@ -380,16 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&q_map)) : "memory");
 
   Segments segs;
-  segs.balanced = p.parts > 0;
-  segs.rc = int(blockIdx.x % p.row_chunks);
-  {
-    const int64_t rest = blockIdx.x / p.row_chunks;
-    segs.part = segs.balanced ? int(rest) : 0;
-    segs.split = segs.balanced ? 0 : int(rest % p.max_splits);
-    segs.seq = segs.balanced ? -1 : int(rest / p.max_splits);
-  }
-  if (!segs.balanced && segs.split >= cuda_plan::num_splits(local_keys(p, clamped_len(p, segs.seq)), p.split_len))
-    return;
+  if (!sm90_segments::cta_segments(p, segs)) return;
 #if MLADCP_SM90_TIMELINE
   if (segs.rc != 0 && sm90_timeline::g_chunk0_only) return;  // experiment: only the first row chunk runs
 #endif
@@ -407,7 +398,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_timeline::trace_clear(Smem::trace);
 #endif
   }
-  if (segs.balanced) segs.cur = balanced_start(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red));
+  if (segs.balanced)
+    segs.cur = sm90_segments::balanced_start<kThreads>(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red));
   __syncthreads();
   if (tid == 0) {
     MLADCP_TIMELINE(kSetup);

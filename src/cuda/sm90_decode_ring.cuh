@@ -19,6 +19,7 @@
 #include "cuda/decode_kernel.cuh"
 #include "cuda/sm90_fp8_ring_layout.h"
 #include "cuda/sm90_ptx.cuh"
+#include "cuda/sm90_segments.cuh"
 #include "cuda/sm90_timeline.cuh"
 
 namespace mladcp::cuda_impl::sm90_ring {
@@ -26,6 +27,9 @@ namespace mladcp::cuda_impl::sm90_ring {
 using namespace sm90;
 using sm90_fp8_ring::convert_sync_after;
 using sm90_fp8_ring::fp8_block_offset;
+using sm90_segments::CtaWork;
+using sm90_segments::local_keys;
+using sm90_segments::local_tiles;
 
 constexpr int kRows = 64;
 constexpr int kTile = 64;                     // keys per tile
@@ -70,6 +74,7 @@ struct Smem {
 #endif
 };
 static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");
+using Segments = sm90_segments::Segments<kRows>;
 static_assert(Smem::kv % 1024 == 0 && Smem::pb % 1024 == 0 && Smem::full % 8 == 0,
               "alignment of the swizzled tiles and the barriers");
 
@@ -92,128 +97,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "[%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(dim), "r"(row), "r"(bar)
       : "memory");
-}
-
-// One segment of a CTA's work: a range of one sequence's local keys for the CTA's 64 query rows.
-struct CtaWork {
-  int seq, len, row0, k_begin, k_end, ntiles, npairs;
-  bool direct;          // the segment covers the sequence: out and lse written directly
-  int64_t state_block;  // else its partial state: rows [state_block · R, + R) of the workspace
-  int states;           // partial states of the sequence (splits, or parts spanned), 1 when direct
-  bool record;          // write the merge record of the sequence's row chunk (balanced schedule, first part)
-  cuda_plan::BalancedRecord rec;
-};
-
-__device__ __forceinline__ int local_keys(const DecodeKernelParams& p, int len) {
-  return int(sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave));
-}
-// 64-key tiles of sequence `seq` on this shard (the balanced schedule's unit of work).
-__device__ __forceinline__ int64_t local_tiles(const DecodeKernelParams& p, int seq) {
-  return (int64_t(local_keys(p, clamped_len(p, seq))) + kTile - 1) / kTile;
-}
-
-// The segments of this CTA, the same sequence for every thread: one split (split schedule) or the pieces
-// of its part (balanced schedule, decode_plan.h).
-struct Segments {
-  bool balanced;
-  int rc, part;
-  int split, seq;  // split schedule: this CTA's split, or done
-  cuda_plan::BalancedCursor cur;
-
-  __device__ bool next(const DecodeKernelParams& p, CtaWork& w) {
-    int k_first = 0, k_last = 0;
-    if (balanced) {
-      cuda_plan::BalancedPiece pc;
-      auto tiles_of = [&](int sq) { return local_tiles(p, sq); };
-      if (!cur.next(p.num_seqs, tiles_of, pc)) return false;
-      w.seq = pc.seq;
-      w.len = clamped_len(p, w.seq);
-      k_first = pc.tile_begin * kTile;
-      k_last = min(pc.tile_end * kTile, local_keys(p, w.len));
-      w.direct = pc.whole;
-      w.state_block = int64_t(part) * 2 + pc.slot;
-      w.states = pc.parts;
-      w.record = pc.first;
-      w.rec = {part, pc.parts, pc.slot, 0};
-    } else {
-      if (seq < 0) return false;
-      w.seq = seq;
-      seq = -1;
-      w.len = clamped_len(p, w.seq);
-      const int n_max = local_keys(p, w.len);
-      const int nsplits = cuda_plan::num_splits(n_max, p.split_len);
-      if (split >= nsplits) return false;
-      k_first = split * p.split_len;
-      k_last = min(k_first + p.split_len, n_max);
-      w.direct = nsplits == 1;
-      w.state_block = int64_t(w.seq) * p.max_splits + split;
-      w.states = nsplits;
-      w.record = false;
-    }
-    w.row0 = rc * kRows;
-    w.k_begin = k_first;
-    w.k_end = k_last;
-    w.ntiles = k_last > k_first ? (k_last - k_first + kTile - 1) / kTile : 0;
-    w.npairs = (w.ntiles + 1) / 2;  // an odd count ends on an absent (zero-filled, masked) tile b
-    return true;
-  }
-};
-
-// Balanced schedule: where part `part` starts, found by every thread of the CTA together (two passes over
-// the sequence lengths: the total, then the sequence holding the part's first position). `scratch`: 14
-// int64 of shared memory.
-__device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p, int part, int64_t* scratch) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  constexpr int kWarps = kThreads / 32;
-  auto cost_of = [&](int sq) -> int64_t {
-    if (sq >= p.num_seqs) return 0;
-    return cuda_plan::balanced_cost(local_tiles(p, sq));
-  };
-  int64_t mine = 0;
-  for (int sq = tid; sq < p.num_seqs; sq += kThreads) mine += cost_of(sq);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
-  if (lane == 0) scratch[warp] = mine;
-  if (tid == 0) scratch[kWarps] = -1;
-  __syncthreads();
-  int64_t total = 0;
-#pragma unroll
-  for (int i = 0; i < kWarps; ++i) total += scratch[i];
-  __syncthreads();
-  const int64_t per_part = (total + p.parts - 1) / p.parts;
-  const int64_t begin = int64_t(part) * per_part;
-  // Sequence s holds positions [C_s, C_s + cost_s): a block scan of the costs, chunk by chunk.
-  int64_t base = 0;
-  for (int s0 = 0; s0 < p.num_seqs && base <= begin && begin < total; s0 += kThreads) {
-    const int sq = s0 + tid;
-    const int64_t c = cost_of(sq);
-    int64_t incl = c;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += v;
-    }
-    if (lane == 31) scratch[warp] = incl;
-    __syncthreads();
-    int64_t before = 0, chunk = 0;
-#pragma unroll
-    for (int i = 0; i < kWarps; ++i) {
-      before += i < warp ? scratch[i] : 0;
-      chunk += scratch[i];
-    }
-    const int64_t start = base + before + incl - c;
-    if (sq < p.num_seqs && start <= begin && begin < start + c) {
-      scratch[kWarps] = sq;
-      scratch[kWarps + 1] = start;
-    }
-    __syncthreads();
-    base += chunk;
-  }
-  __syncthreads();
-  const int first_seq = int(scratch[kWarps]);
-  const int64_t first_pos = first_seq >= 0 ? scratch[kWarps + 1] : 0;
-  __syncthreads();  // scratch is the consumers' reduction buffer afterwards
-  return cuda_plan::balanced_cursor(part, p.parts, int(total), first_seq, int(first_pos), p.num_seqs, p.whole_short);
 }
 
 // ---- the producer: one thread ----

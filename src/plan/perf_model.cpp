@@ -133,7 +133,9 @@ KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t ba
   const int64_t chunks = base / std::max<int64_t>(1, batch);
   const cuda_plan::BalancedChoice b = cuda_plan::balanced_choice(std::max<int64_t>(1, batch), chunks, g.ctas, g.splits,
                                                                  g.wave_ctas, cuda_plan::Schedule::kAuto);
-  if (!small && dev.balanced_schedule && b.take) {
+  // (The Hopper fp8 kernel, one 16/32-row CTA per SM, runs it too; the portable 16/32-row CTAs do not.)
+  const bool balances = !small || (fp8 && dev.fp8_small_ctas_per_sm == 1);
+  if (balances && dev.balanced_schedule && b.take) {
     g.ctas = b.parts * chunks;
     if (b.whole_short) {
       g.splits = 1;

@@ -148,6 +148,8 @@ TEST(CudaSanitize, DecodeSmallShapes) {
   // fp8 with 64 rows: the Hopper kernel converting its tiles in the ring, under both schedules.
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(64, 1, 64, {0, 70, 2100}, 19, DType::kFP8E4M3)));
   EXPECT_TRUE(matches_oracle_on_device(*balanced, config(32, 2, 16, {2, 3, 130, 700}, 20, DType::kFP8E4M3)));
+  // fp8 with 16 rows: the Hopper fp8 kernel's balanced schedule (pieces handed on in one CTA).
+  EXPECT_TRUE(matches_oracle_on_device(*balanced, config(16, 1, 32, {0, 3, 65, 700, 2, 130}, 23, DType::kFP8E4M3)));
   // The fused merge (at most 4 states per sequence, merged by the Hopper kernel): splits, then the balanced schedule.
   CudaBackendOptions f;
   f.fused_merge = true;

@@ -160,6 +160,18 @@ TEST(Sm90Fp8Decode, MatchesReference) {
   for (const synthetic::Config& cfg : fp8_shapes()) EXPECT_TRUE(matches_oracle(*hopper, cfg, "hopper fp8"));
 }
 
+// The same shapes under the balanced schedule, forced (kFillDevice takes it on its own only for batches that would
+// run several waves of splits): a part's pieces one sequence after another in one persistent CTA, with the ring, the P
+// buffers and the row sums handed on from piece to piece, and sequences cut across parts into partial states.
+TEST(Sm90Fp8Decode, BalancedSchedule) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  CudaBackendOptions o;
+  o.fill_schedule = cuda_plan::Schedule::kBalanced;
+  auto balanced = make_cuda_backend(o);
+  for (const synthetic::Config& cfg : fp8_shapes())
+    EXPECT_TRUE(matches_oracle(*balanced, cfg, "hopper fp8 (balanced)"));
+}
+
 TEST(Sm90Fp8Decode, PortableKernelOnTheSameShapes) {
   MLADCP_SKIP_WITHOUT_GPU();
   auto portable = cuda_backend(true);

@@ -302,6 +302,7 @@ std::vector<Case> fill_cases() {
   for (int& l : mixed_q2) l = l == 1 ? 2 : l;
   add("mixed_h128_q2_bs32", config(128, 2, 32, mixed_q2, 0), false);
   add("mixed_h32_bs16", config(32, 1, 16, mixed, 0), false);
+  add("mixed_h16_fp8_bs64", config(16, 1, 64, mixed, 0, DType::kFP8E4M3), false);  // the Hopper fp8 kernel
   // 132 short sequences at 128 heads: two per part on an H200, never cut (the balanced schedule's whole mode).
   std::vector<int> many(132);
   for (size_t i = 0; i < many.size(); ++i) many[i] = int((i * 37) % 301);
@@ -322,7 +323,7 @@ TEST_P(SplitPolicyOracle, FillDeviceMatchesReference) {
   auto cuda = make_backend("cuda");
   if (GetParam().finer) expect_more_splits(*cuda, GetParam().cfg);
   EXPECT_TRUE(fill_matches_oracle(*cuda, GetParam().cfg));
-  // Both schedules of the Hopper kernel whatever the automatic choice (elsewhere the option is ignored), with the
+  // Both schedules of the Hopper kernels whatever the automatic choice (elsewhere the option is ignored), with the
   // states always merged by the combine kernel (the default) and by the kernel itself where they are few.
   for (const cuda_plan::Schedule schedule : {cuda_plan::Schedule::kSplits, cuda_plan::Schedule::kBalanced})
     for (const bool fused : {false, true}) {

@@ -381,7 +381,7 @@ TEST(PlanModel, KernelGridFollowsTheRowsOfThePortableKernel) {
 
 // balanced_schedule (Hopper): where the split plan runs several waves of several splits, one wave of parts ×
 // row chunks, a few partial states per sequence; one-wave plans keep the splits. fp8 caches with more than 32 rows
-// run the same kernel (and schedule); up to 32 rows the fp8 kernel's splits.
+// run the same kernel (and schedule); up to 32 rows the Hopper fp8 kernel's balanced schedule as well.
 TEST(PlanModel, KernelGridFollowsTheBalancedSchedule) {
   DeviceParams dev = shipped().device;
   dev.two_per_sm_max_rows = 16;
@@ -396,8 +396,14 @@ TEST(PlanModel, KernelGridFollowsTheBalancedSchedule) {
   EXPECT_LE(g.splits, 6);  // 66 parts over 16 sequences: about 4 parts each, plus one at a boundary
   EXPECT_EQ(kernel_grid(dev, 128, 1, 64, 4096, DType::kBF16).ctas, 128);  // one wave of whole sequences
   EXPECT_EQ(kernel_grid(dev, 128, 1, 16, 65536, DType::kFP8E4M3).ctas, dev.sms / 2 * 2);
-  const KernelGrid f16 = kernel_grid(dev, 16, 1, 16, 262144, DType::kFP8E4M3);  // 16 rows: the fp8 kernel's splits
-  EXPECT_EQ(f16.ctas, 16 * f16.splits);
+  // 16 rows of fp8: the Hopper fp8 kernel (one CTA per SM) balances too; the portable 16-row CTAs keep the splits.
+  dev.fp8_small_ctas_per_sm = 1;
+  const KernelGrid f16 = kernel_grid(dev, 16, 1, 16, 262144, DType::kFP8E4M3);
+  EXPECT_EQ(f16.ctas, dev.sms);
+  EXPECT_EQ(f16.waves(), 1);
+  dev.fp8_small_ctas_per_sm = 2;
+  const KernelGrid p16 = kernel_grid(dev, 16, 1, 16, 262144, DType::kFP8E4M3);
+  EXPECT_EQ(p16.ctas, 16 * p16.splits);
 }
 
 // ---- Bad input -----------------------------------------------------------------------------------
