@@ -284,8 +284,10 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // kFillDevice's schedule: both Hopper kernels run the balanced schedule as well as splits; the portable one splits.
+  // kFillDevice's schedule: both Hopper kernels run the balanced schedule as well as splits (the fp8 16/32-row
+  // kernel, left to choose, with a higher bar: Schedule::kAutoManyWaves); the portable one splits.
   cuda_plan::Schedule schedule(const KernelChoice& kc) const {
+    if (kc.sm90_fp8 && opt_.fill_schedule == cuda_plan::Schedule::kAuto) return cuda_plan::Schedule::kAutoManyWaves;
     return kc.sm90 || kc.sm90_fp8 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits;
   }
 

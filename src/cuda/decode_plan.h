@@ -210,8 +210,12 @@ MLADCP_HD BalancedCursor balanced_cursor(int part, int parts, int total, int fir
   return c;
 }
 
-// kFillDevice's schedule on a kernel that can run both (the Hopper kernel).
-enum class Schedule { kSplits, kAuto, kBalanced };
+// kFillDevice's schedule on a kernel that can run both (the Hopper kernels). kAutoManyWaves: kAuto's choice with a
+// higher bar, for the fp8 16/32-row kernel, whose pieces cost more to switch than its CTAs to start (H200,
+// docs/perf/gpu-sm90-fp8-balanced-2026-12-02.md: 16 heads × 128 × 4K and × 64 × 8K at q_len 2, two waves of two or
+// four splits per sequence, ran 4% and 11% slower balanced; 3.9 and 7.8 waves 8.5% and 12.7% faster, and two waves
+// of 64 splits per sequence 2.6%).
+enum class Schedule { kSplits, kAuto, kBalanced, kAutoManyWaves };
 
 // Whether kFillDevice takes the balanced schedule, for a batch of `num_seqs` sequences in `row_chunks` chunks
 // whose split plan has `split_grid` CTAs and `max_splits` splits per sequence, on a device running `wave_ctas`
@@ -223,6 +227,7 @@ enum class Schedule { kSplits, kAuto, kBalanced };
 // Whole sequences: with k ≥ 1 sequences per part and ceil(k) / k ≤ 1.1 (lengths assumed alike) the balanced
 // schedule puts whole sequences on each part, as evenly as cutting them would, without partial states (128
 // heads × 128 × 8K: 564 → 533 µs).
+inline constexpr int64_t kManyWavesSplits = 8;
 struct BalancedChoice {
   bool take = false;
   int64_t parts = 1;         // wave_ctas / row_chunks
@@ -234,7 +239,10 @@ inline BalancedChoice balanced_choice(int64_t num_seqs, int64_t row_chunks, int6
   c.parts = std::max<int64_t>(1, wave_ctas / std::max<int64_t>(1, row_chunks));
   c.whole_short = num_seqs >= c.parts && 10 * ((num_seqs + c.parts - 1) / c.parts) * c.parts <= 11 * num_seqs;
   const bool pays = split_grid > wave_ctas && max_splits > 1;
-  c.take = wave_ctas > 0 && (schedule == Schedule::kBalanced || (schedule == Schedule::kAuto && pays));
+  // kAutoManyWaves: more than two waves of splits, or more splits per sequence than the combine's few-state mode.
+  const bool pays_more = pays && (split_grid > 2 * wave_ctas || max_splits > kManyWavesSplits);
+  c.take = wave_ctas > 0 && (schedule == Schedule::kBalanced || (schedule == Schedule::kAuto && pays) ||
+                             (schedule == Schedule::kAutoManyWaves && pays_more));
   return c;
 }
 

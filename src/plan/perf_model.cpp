@@ -130,11 +130,13 @@ KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t ba
   // The balanced schedule (cuda_plan::make_plan): one wave of parts × row chunks. Whole mode: whole sequences
   // per part, no partial state. Otherwise each part holds T work positions (a sequence: its tiles plus a fixed
   // cost), so a sequence spans about (its positions / T) + 1 parts, each leaving a partial state.
-  const int64_t chunks = base / std::max<int64_t>(1, batch);
-  const cuda_plan::BalancedChoice b = cuda_plan::balanced_choice(std::max<int64_t>(1, batch), chunks, g.ctas, g.splits,
-                                                                 g.wave_ctas, cuda_plan::Schedule::kAuto);
-  // (The Hopper fp8 kernel, one 16/32-row CTA per SM, runs it too; the portable 16/32-row CTAs do not.)
+  // (The Hopper fp8 kernel, one 16/32-row CTA per SM, runs it too, with a higher bar; the portable 16/32-row CTAs
+  // do not.)
   const bool balances = !small || (fp8 && dev.fp8_small_ctas_per_sm == 1);
+  const int64_t chunks = base / std::max<int64_t>(1, batch);
+  const cuda_plan::BalancedChoice b =
+      cuda_plan::balanced_choice(std::max<int64_t>(1, batch), chunks, g.ctas, g.splits, g.wave_ctas,
+                                 small ? cuda_plan::Schedule::kAutoManyWaves : cuda_plan::Schedule::kAuto);
   if (balances && dev.balanced_schedule && b.take) {
     g.ctas = b.parts * chunks;
     if (b.whole_short) {

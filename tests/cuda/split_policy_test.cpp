@@ -195,6 +195,18 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
   EXPECT_EQ(cuda_plan::make_plan(plan_params(8, 128, 1, 4096), 132, 64, cuda_plan::Schedule::kAuto).parts, 0);
   EXPECT_EQ(cuda_plan::make_plan(plan_params(32, 128, 1, 16384), 132, 64, cuda_plan::Schedule::kAuto).parts, 66);
   EXPECT_EQ(cuda_plan::make_plan(plan_params(64, 64, 1, 8192), 132, 64, cuda_plan::Schedule::kAuto).parts, 132);
+  // The fp8 16/32-row kernel's higher bar (kAutoManyWaves): more than two waves of splits, or more than 8 splits per
+  // sequence; two waves of 2-4 splits per sequence keep the split plan.
+  const auto many = [](int seqs, int heads, int q_len, int ctx) {
+    return cuda_plan::make_plan(plan_params(seqs, heads, q_len, ctx), 132, heads * q_len <= 16 ? 16 : 32,
+                                cuda_plan::Schedule::kAutoManyWaves)
+        .parts;
+  };
+  EXPECT_EQ(many(32, 16, 1, 32768), 132);   // 512 CTAs: 3.9 waves
+  EXPECT_EQ(many(16, 16, 1, 131072), 132);  // 1024 CTAs
+  EXPECT_EQ(many(4, 16, 1, 131072), 132);   // 256 CTAs of 64 splits per sequence
+  EXPECT_EQ(many(128, 16, 1, 4096), 0);     // 256 CTAs of 2 splits per sequence
+  EXPECT_EQ(many(64, 16, 2, 8192), 0);      // 256 CTAs of 4 splits per sequence, 32 rows
 }
 
 // The fused merge (a kernel that can merge, `fused`): where every sequence has at most kFusedMaxStates states (split
