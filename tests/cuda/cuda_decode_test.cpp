@@ -150,6 +150,11 @@ TEST(CudaSanitize, DecodeSmallShapes) {
   EXPECT_TRUE(matches_oracle_on_device(*balanced, config(32, 2, 16, {2, 3, 130, 700}, 20, DType::kFP8E4M3)));
   // fp8 with 16 rows: the Hopper fp8 kernel's balanced schedule (pieces handed on in one CTA).
   EXPECT_TRUE(matches_oracle_on_device(*balanced, config(16, 1, 32, {0, 3, 65, 700, 2, 130}, 23, DType::kFP8E4M3)));
+  // Equal lengths: the balanced schedule's equal-lengths cut (a sequence in pieces of one or several tiles, one
+  // piece per part), on both Hopper kernels.
+  EXPECT_TRUE(matches_oracle_on_device(*balanced, config(128, 1, 64, {700, 700, 700}, 24)));
+  EXPECT_TRUE(matches_oracle_on_device(*balanced, config(16, 1, 64, {20000, 20000, 20000}, 25, DType::kFP8E4M3)));
+  EXPECT_TRUE(matches_oracle_on_device(*balanced, config(64, 1, 32, {9000, 9000}, 26)));
   // The fused merge (at most 4 states per sequence, merged by the Hopper kernel): splits, then the balanced schedule.
   CudaBackendOptions f;
   f.fused_merge = true;
