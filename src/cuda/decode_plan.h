@@ -148,12 +148,16 @@ struct BalancedRecord {
 // sequence (fewer where a sequence has fewer tiles than m): one piece per part, its boundaries on sequence boundaries,
 // where the positional cut would give most parts two pieces of two sequences (a piece's switch costs its query load
 // and a partial state; measured in docs/perf/gpu-sm90-fp8-balanced-2026-12-02.md). Taken where the parts left idle,
-// parts − m · num_seqs, are at most one in kEqualIdleParts. 0: the positional cut.
+// parts − m · num_seqs, are at most one in kEqualIdleParts, and only for m ≤ kEqualMaxPieces: measured on the H200
+// (docs/perf/gpu-sm90-equal-cut-2026-12-03.md), m = 2 ran 2.9-4.1% faster than the positional cut (about half its
+// parts span two sequences), m ≥ 4 ran 0-3% slower (an eighth or fewer of its parts do, and the idle parts' share
+// of the work moves onto the others). 0: the positional cut.
 inline constexpr int kEqualIdleParts = 16;
+inline constexpr int kEqualMaxPieces = 2;
 MLADCP_HD int balanced_equal_pieces(int num_seqs, int parts, bool equal_lengths) {
   if (!equal_lengths || num_seqs < 1 || num_seqs > parts) return 0;
   const int m = parts / num_seqs;
-  return (parts - m * num_seqs) * kEqualIdleParts <= parts ? m : 0;
+  return m <= kEqualMaxPieces && (parts - m * num_seqs) * kEqualIdleParts <= parts ? m : 0;
 }
 
 // The pieces of one part, in sequence order. Start it at the sequence whose positions hold the part's first
