@@ -10,10 +10,9 @@
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
 //                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fused,
-//                                      wide,fp8,fp8-fused,fp8-portable,fp8-all] [--hot-pages N] [--timeline]
+//                                      fp8,fp8-fused,fp8-portable,fp8-all] [--hot-pages N] [--timeline]
 // loaded-queries: the default with the Hopper kernel's consumers loading the query rows (no copy by the producer).
 // fused, fp8-fused: the default with the Hopper 64-row kernel's fused merge (CudaBackendOptions::fused_merge).
-// wide: the default with bf16 calls of 9-32 query rows on the 64-row kernel (not the few-rows kernel).
 // fp8 policies: the same case on an fp8-e4m3 copy of the cache (kv_scale 1/8; no peer runs it): fp8 the default
 // backend, fp8-portable the portable kernel, fp8-all every row count on the Hopper fp8 kernel.
 // --timeline (a build with -DMLADCP_SM90_TIMELINE=ON): after each case, one more call with the Hopper kernel's per-CTA
@@ -325,7 +324,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
-                   "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fused,wide,fp8,"
+                   "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fused,fp8,"
                    "fp8-fused,fp8-portable,fp8-all] "
                    "[--hot-pages N] [--timeline] [--chunk0-only]\n",
                    argv[0]);
@@ -369,10 +368,6 @@ int main(int argc, char** argv) {
   mladcp::CudaBackendOptions fused_opt;
   fused_opt.fused_merge = true;
   const std::unique_ptr<mladcp::Backend> fused = mladcp::make_cuda_backend(fused_opt);
-  // bf16 calls of 9-32 query rows on the 64-row kernel instead of the few-rows kernel.
-  mladcp::CudaBackendOptions wide_opt;
-  wide_opt.hopper_bf16_small_max_rows = 0;
-  const std::unique_ptr<mladcp::Backend> wide = mladcp::make_cuda_backend(wide_opt);
   std::vector<Policy> policies;
   std::stringstream ps(policies_arg);
   for (std::string name; std::getline(ps, name, ',');) {
@@ -394,8 +389,6 @@ int main(int argc, char** argv) {
       policies.push_back({"mladcp-loaded-queries", false, mladcp::SplitPolicy::kBatchInvariant, true, loaded.get()});
     else if (name == "fused")
       policies.push_back({"mladcp-fused", false, mladcp::SplitPolicy::kBatchInvariant, true, fused.get()});
-    else if (name == "wide")
-      policies.push_back({"mladcp-wide", false, mladcp::SplitPolicy::kBatchInvariant, true, wide.get()});
     else if (name == "fp8-fused")
       policies.push_back({"mladcp-fp8-fused", false, mladcp::SplitPolicy::kBatchInvariant, true, fused.get(), true});
     else if (name == "fp8")

@@ -3,7 +3,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -43,8 +42,8 @@ struct DeviceState {
   size_t smem_optin = 0;
   size_t smem_per_sm = 0;  // shared memory of one SM (bounds the resident split CTAs)
   int sm_count = 0;
-  bool sm90 = false;        // compute capability 9.0 and the Hopper decode kernel is ready
-  bool sm90_small = false;  // compute capability 9.0 and the Hopper few-rows decode kernel is ready
+  bool sm90 = false;      // compute capability 9.0 and the Hopper decode kernel is ready
+  bool sm90_fp8 = false;  // compute capability 9.0 and the Hopper fp8 decode kernel is ready
 };
 
 Status device_state(int device, DeviceState* out) {
@@ -74,10 +73,8 @@ Status device_state(int device, DeviceState* out) {
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
         minor == 0 && cuda_impl::sm90_decode_smem_bytes() <= s->smem_optin)
       s->sm90 = cuda_impl::set_sm90_decode_smem() == cudaSuccess;
-    if (s->status.ok() && major == 9 && minor == 0 &&
-        std::max(cuda_impl::sm90_small_decode_smem_bytes(32, true),
-                 cuda_impl::sm90_small_decode_smem_bytes(32, false)) <= s->smem_optin)
-      s->sm90_small = cuda_impl::set_sm90_small_decode_smem() == cudaSuccess;
+    if (s->status.ok() && major == 9 && minor == 0 && cuda_impl::sm90_fp8_decode_smem_bytes(32) <= s->smem_optin)
+      s->sm90_fp8 = cuda_impl::set_sm90_fp8_decode_smem() == cudaSuccess;
     (void)cudaGetLastError();  // a failed probe leaves the portable kernels in charge
     states[size_t(device)] = std::move(s);
   }
@@ -121,28 +118,28 @@ namespace {
 struct KernelChoice {
   int rows_per_cta = 16;
   int kv_stages = 2;
-  bool sm90 = false;        // the Hopper bf16 kernel (64 rows per CTA)
-  bool sm90_small = false;  // the Hopper few-rows kernel (16 or 32 rows per CTA)
-  size_t smem = 0;          // dynamic shared memory per CTA
+  bool sm90 = false;      // the Hopper bf16 kernel (64 rows per CTA)
+  bool sm90_fp8 = false;  // the Hopper fp8 kernel (16 or 32 rows per CTA)
+  size_t smem = 0;        // dynamic shared memory per CTA
 };
 
-// On Hopper: calls with few query rows per sequence (H · q_len) take the few-rows kernel (16 or 32 rows per CTA,
-// keys × rows): fp8 caches up to opt.hopper_fp8_max_rows (32; any page size; more rows in chunks of 32 when the
-// option is raised), bf16 caches above opt.portable_max_rows_on_hopper (8) and up to opt.hopper_bf16_small_max_rows
-// (32) on the pages its tensor copies handle. More rows take the 64-row kernel (rows packed 64 per CTA; fp8 tiles
-// converted in its ring) on the pages its copies handle; the rest (at most 8 bf16 rows, other pages) the portable
-// kernel, two 16-row CTAs per SM.
+// The Hopper kernel takes bf16 calls with more than opt.portable_max_rows_on_hopper (8) query rows per sequence
+// (H · q_len, packed 64 per CTA, the rest of the CTA's rows empty) whose pages its copies handle: with the
+// balanced schedule it reads 16-row sequences (16 heads, DeepSeek-V3 at TP 8) 10-16% faster than the portable
+// 16-row kernel, two CTAs per SM (docs/perf/gpu-sm90-fp8-2026-12-01.md); at 32 rows up to 1.3x
+// (docs/perf/dcp-emulated-grid-2026-12-01.md). Fewer rows and other pages run the portable kernel.
+// fp8 caches with at most opt.hopper_fp8_max_rows (32) query rows per sequence take the Hopper fp8 kernel (16
+// or 32 rows per CTA, any page size; more rows in chunks of 32 when the option is raised); with more rows, the
+// Hopper kernel (converting the fp8 tiles in its ring) on the pages its copies handle; the others the portable
+// kernel.
 KernelChoice choose_kernel(const MlaDecodeParams& p, const DeviceState& dev, const CudaBackendOptions& opt) {
   KernelChoice k;
   const bool fp8 = p.kv_dtype == DType::kFP8E4M3;
   const int rows = p.num_heads * p.q_len;
-  const bool small = fp8 ? rows <= opt.hopper_fp8_max_rows
-                         : rows > opt.portable_max_rows_on_hopper && rows <= opt.hopper_bf16_small_max_rows &&
-                               p.num_blocks >= 1 && cuda_impl::sm90_small_bf16_block_size_ok(p.block_size);
-  if (small && opt.hopper_kernel && !opt.single_stage && dev.sm90_small) {
-    k.sm90_small = true;
+  if (fp8 && opt.hopper_kernel && !opt.single_stage && dev.sm90_fp8 && rows <= opt.hopper_fp8_max_rows) {
+    k.sm90_fp8 = true;
     k.rows_per_cta = rows <= 16 ? 16 : 32;
-    k.smem = cuda_impl::sm90_small_decode_smem_bytes(k.rows_per_cta, fp8);
+    k.smem = cuda_impl::sm90_fp8_decode_smem_bytes(k.rows_per_cta);
     return k;
   }
   k.sm90 = opt.hopper_kernel && !opt.single_stage && dev.sm90 && p.num_blocks >= 1 &&
@@ -233,7 +230,7 @@ class CudaBackend final : public Backend {
     k.whole_short = plan.whole_short;
     k.kv_stages = kc.kv_stages;
     k.sm90 = kc.sm90;
-    k.sm90_small = kc.sm90_small;
+    k.sm90_fp8 = kc.sm90_fp8;
     k.sm_count = dev.sm_count;
     k.copy_queries = opt_.copy_queries;
     k.q = static_cast<const uint16_t*>(p.q);
@@ -290,8 +287,8 @@ class CudaBackend final : public Backend {
   // kFillDevice's schedule: both Hopper kernels run the balanced schedule as well as splits (the fp8 16/32-row
   // kernel, left to choose, with a higher bar: Schedule::kAutoManyWaves); the portable one splits.
   cuda_plan::Schedule schedule(const KernelChoice& kc) const {
-    if (kc.sm90_small && opt_.fill_schedule == cuda_plan::Schedule::kAuto) return cuda_plan::Schedule::kAutoManyWaves;
-    return kc.sm90 || kc.sm90_small ? opt_.fill_schedule : cuda_plan::Schedule::kSplits;
+    if (kc.sm90_fp8 && opt_.fill_schedule == cuda_plan::Schedule::kAuto) return cuda_plan::Schedule::kAutoManyWaves;
+    return kc.sm90 || kc.sm90_fp8 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits;
   }
 
   BackendCapabilities caps_;

@@ -24,10 +24,6 @@ struct CudaBackendOptions {
   // fp8 caches: sequences of at most this many query rows take the Hopper fp8 kernel (16 or 32 rows per CTA;
   // more rows in chunks of 32, each chunk reading the keys again); the others the portable kernel.
   int hopper_fp8_max_rows = cuda_plan::kHopperFp8MaxRows;
-  // bf16 caches: sequences of more than portable_max_rows_on_hopper and at most this many query rows take the Hopper
-  // few-rows kernel (16 or 32 rows per CTA, keys × rows); more rows the 64-row kernel (0: every one of them there,
-  // comparisons).
-  int hopper_bf16_small_max_rows = cuda_plan::kHopperBf16SmallMaxRows;
   bool single_stage = false;  // true: the single-buffered portable pipeline (the layout of devices with
                               // less shared memory), so that it can be tested on any device
   // The Hopper kernel on bf16 caches: a producer thread copies the query rows when they form one matrix (false: the

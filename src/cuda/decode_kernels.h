@@ -18,7 +18,7 @@ struct DecodeKernelParams {
   bool whole_short = false;  // balanced: sequences of at most one part's positions are never cut
   int kv_stages = 2;         // 2: double-buffered key tiles; 1: single buffer (devices with less shared memory)
   bool sm90 = false;         // 64-row bf16 CTAs run the Hopper kernel (sm90_decode.h) instead of the portable one
-  bool sm90_small = false;   // 16- or 32-row CTAs run the Hopper few-rows kernel (sm90_decode.h)
+  bool sm90_fp8 = false;     // 16- or 32-row fp8 CTAs run the Hopper fp8 kernel (sm90_decode.h)
   int sm_count = 0;          // the device's SMs (bounds the combine kernel's grid; 0: one CTA per 8 rows)
   bool copy_queries = true;  // Hopper kernel, bf16: query rows copied by the producer where they form one matrix
 

@@ -271,10 +271,10 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
   }
   switch (p.rows_per_cta) {
     case 16:
-      e = p.sm90_small ? launch_sm90_small_decode(p, fp8, grid, s) : launch_shape<1>(p, fp8, grid, s);
+      e = p.sm90_fp8 ? launch_sm90_fp8_decode(p, grid, s) : launch_shape<1>(p, fp8, grid, s);
       break;
     case 32:
-      e = p.sm90_small ? launch_sm90_small_decode(p, fp8, grid, s) : launch_shape<2>(p, fp8, grid, s);
+      e = p.sm90_fp8 ? launch_sm90_fp8_decode(p, grid, s) : launch_shape<2>(p, fp8, grid, s);
       break;
     case 64:
       // Hopper: the warp-specialized TMA/wgmma kernel (same plan, workspace and combine), chosen by the
@@ -304,7 +304,7 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = p.sm90 || p.sm90_small ? 1 : 0;
+    cfg.numAttrs = p.sm90 || p.sm90_fp8 ? 1 : 0;
     MLADCP_RETURN_IF_ERROR(cuda_status(cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel, p, group_rows),
                                        "mla_decode_combine_kernel launch"));
   }

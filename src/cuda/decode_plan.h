@@ -36,11 +36,9 @@ inline constexpr int kTileTokens = 64;  // keys per pipeline stage
 // faster there (docs/perf/gpu-sm90-fp8-2026-12-01.md); at most 8 rows stay (unmeasured).
 inline constexpr int kPortableMaxRowsOnHopper = 8;
 
-// On Hopper the fp8 calls with at most this many query rows per sequence run the Hopper few-rows kernel (16 or 32
-// rows per CTA); the others the 64-row kernel or the portable one (cuda_backend.cpp, choose_kernel).
+// On Hopper the fp8 calls with at most this many query rows per sequence run the Hopper fp8 kernel (16 or 32
+// rows per CTA); the others the portable kernel (cuda_backend.cpp, choose_kernel).
 inline constexpr int kHopperFp8MaxRows = 32;
-// And the bf16 calls with more than kPortableMaxRowsOnHopper and at most this many (the others: the 64-row kernel).
-inline constexpr int kHopperBf16SmallMaxRows = 32;
 
 // 16, 32 or 64 query rows per CTA.
 MLADCP_HD int rows_per_cta(int rows_per_seq) { return rows_per_seq <= 16 ? 16 : (rows_per_seq <= 32 ? 32 : 64); }

@@ -4,13 +4,11 @@
 //  - 64 query rows per CTA, pages of 16, 32 or a multiple of 64 keys, a producer warpgroup issuing bulk
 //    tensor copies (TMA; fp8-e4m3 caches converted to bf16 in the ring) and two consumer warpgroups on wgmma
 //    (sm90_decode_kernel.cu, sm90_decode_ring.cuh);
-//  - few query rows per sequence (fp8-e4m3 caches: at most 32; bf16: 9-32): 16 or 32 query rows per CTA, any page
-//    size, a copying warp (bulk copies of the key rows into a ring of five tiles' worth) and warpgroups reading their
-//    operand fragments into registers (fp8: converted there) and multiplying keys × rows (sm90_small_decode_kernel.cu).
+//  - fp8-e4m3 caches with at most 32 query rows per sequence: 16 or 32 query rows per CTA, any page size, a
+//    copying warp (bulk copies of the fp8 key rows into a five-tile ring) and a warpgroup converting its operand
+//    fragments in registers and multiplying keys × rows (sm90_fp8_decode_kernel.cu).
 #pragma once
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -22,9 +20,6 @@ namespace mladcp::cuda_impl {
 
 // Page sizes the kernel's copies handle (16, 32, or a multiple of 64 keys).
 bool sm90_decode_block_size_ok(int block_size);
-
-// cuTensorMapEncodeTiled from the driver, without linking libcuda (nullptr where the driver offers none).
-PFN_cuTensorMapEncodeTiled_v12000 sm90_tensor_map_encoder();
 
 // Dynamic shared memory of the kernel (bytes; about 217 KiB: the queries and two key stages).
 size_t sm90_decode_smem_bytes();
@@ -51,18 +46,14 @@ cudaError_t sm90_trace_read(uint32_t* events);
 cudaError_t sm90_chunk0_only(bool on);
 #endif
 
-// Page sizes the few-rows kernel's bulk tensor copies handle on bf16 caches (16, 32, or a multiple of 64 keys; fp8:
-// any).
-bool sm90_small_bf16_block_size_ok(int block_size);
+// fp8 kernel: dynamic shared memory for 16 or 32 rows per CTA (bytes; about 206 and 226 KiB).
+size_t sm90_fp8_decode_smem_bytes(int rows_per_cta);
 
-// Few-rows kernel: dynamic shared memory for 16 or 32 rows per CTA, fp8-e4m3 or bf16 cache (bytes; 206-226 KiB).
-size_t sm90_small_decode_smem_bytes(int rows_per_cta, bool fp8);
+// Raises the fp8 kernel's dynamic shared-memory limit (both row counts) on the current device.
+cudaError_t set_sm90_fp8_decode_smem();
 
-// Raises the few-rows kernel's dynamic shared-memory limit (both row counts, both caches) on the current device.
-cudaError_t set_sm90_small_decode_smem();
-
-// Launches the few-rows split kernel (p.rows_per_cta == 16 or 32, fp8-e4m3 or bf16 cache) on `stream`; the caller
+// Launches the fp8 split kernel (p.rows_per_cta == 16 or 32, fp8-e4m3 cache) on `stream`; the caller
 // launches the combine kernel when p.max_splits > 1.
-cudaError_t launch_sm90_small_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, cudaStream_t stream);
+cudaError_t launch_sm90_fp8_decode(const DecodeKernelParams& p, int64_t grid, cudaStream_t stream);
 
 }  // namespace mladcp::cuda_impl

@@ -826,9 +826,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
-}  // namespace
-
-PFN_cuTensorMapEncodeTiled_v12000 sm90_tensor_map_encoder() {
+// cuTensorMapEncodeTiled from the driver, without linking libcuda.
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -839,6 +838,8 @@ PFN_cuTensorMapEncodeTiled_v12000 sm90_tensor_map_encoder() {
   }();
   return fn;
 }
+
+}  // namespace
 
 #if MLADCP_SM90_TIMELINE
 namespace {
@@ -871,7 +872,7 @@ bool sm90_decode_block_size_ok(int block_size) {
 size_t sm90_decode_smem_bytes() { return size_t(Smem::total); }
 
 cudaError_t set_sm90_decode_smem() {
-  if (!sm90_tensor_map_encoder()) return cudaErrorNotSupported;
+  if (!encode_fn()) return cudaErrorNotSupported;
   const cudaError_t e = cudaFuncSetAttribute(mla_decode_sm90_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              int(Smem::total));
   if (e != cudaSuccess) return e;
@@ -894,7 +895,7 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
   // docs/perf/gpu-sm90-l2-promotion-2026-12-02.md).
   const CUtensorMapL2promotion promotion =
       p.row_chunks > 1 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-  const CUresult r = sm90_tensor_map_encoder()(
+  const CUresult r = encode_fn()(
       &map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint8_t*>(p.kv), dims,
       strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -910,10 +911,9 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
     const cuuint64_t q_strides[1] = {cuuint64_t(p.q_stride_head) * 2};
     const cuuint32_t q_box[2] = {64, cuuint32_t(p.rows_per_seq < kRows ? p.rows_per_seq : kRows)};
     const cuuint32_t q_elem_strides[2] = {1, 1};
-    if (sm90_tensor_map_encoder()(&q_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(p.q), q_dims,
-                                  q_strides, q_box, q_elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    if (encode_fn()(&q_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(p.q), q_dims, q_strides, q_box,
+                    q_elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return cudaErrorInvalidValue;
   }
   // Fused merge, or a balanced plan's merge flag: a programmatic dependent of the kernel that zeroes the arrival

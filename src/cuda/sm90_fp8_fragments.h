@@ -1,4 +1,4 @@
-// The operand fragment maps of the Hopper fp8 kernel (sm90_small_decode_kernel.cu) as plain arithmetic, shared with
+// The operand fragment maps of the Hopper fp8 kernel (sm90_fp8_decode_kernel.cu) as plain arithmetic, shared with
 // the host tests that check them (tests/cuda/sm90_decode_test.cpp): which dims and keys a thread's wgmma fragments
 // hold, where the query rows and P are stored to match, where the fragments are read from the ring, and the stage
 // and mbarrier phase of each tile in the ring.

@@ -1,4 +1,4 @@
-// The work of a Hopper decode CTA (sm90_decode_kernel.cu, sm90_small_decode_kernel.cu): one split of a sequence
+// The work of a Hopper decode CTA (sm90_decode_kernel.cu, sm90_fp8_decode_kernel.cu): one split of a sequence
 // (split schedule) or the pieces of a part, sequence after sequence (balanced schedule, decode_plan.h), as
 // segments of 64-key tiles. Included by the sm_90a kernels only.
 #pragma once

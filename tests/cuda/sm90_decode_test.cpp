@@ -114,14 +114,12 @@ TEST(Sm90Decode, PortableKernelOnTheSameShapes) {
   for (const synthetic::Config& cfg : hopper_shapes()) EXPECT_TRUE(matches_oracle(*portable, cfg, "portable"));
 }
 
-// Sequences of at most 16 query rows on the 64-row Hopper kernel (CudaBackendOptions::portable_max_rows_on_hopper =
-// 0 and hopper_bf16_small_max_rows = 0; by default at most 8 rows keep the portable 16-row kernel and 9-32 take the
-// few-rows kernel): 1-16 rows in a 64-row CTA, the rest empty.
+// Sequences of at most 16 query rows on the Hopper kernel (CudaBackendOptions::portable_max_rows_on_hopper = 0;
+// by default at most 8 rows keep the portable 16-row kernel): 1-16 rows in a 64-row CTA, the rest empty.
 TEST(Sm90Decode, FewRowsOnTheHopperKernel) {
   MLADCP_SKIP_WITHOUT_GPU();
   CudaBackendOptions o;
   o.portable_max_rows_on_hopper = 0;
-  o.hopper_bf16_small_max_rows = 0;
   auto all = make_cuda_backend(o);
   for (const synthetic::Config& cfg : {
            config(16, 1, 64, {4097, 0, 130, 1, 2049}, 230),                    // 16 heads: DeepSeek-V3 at TP 8
@@ -133,12 +131,11 @@ TEST(Sm90Decode, FewRowsOnTheHopperKernel) {
     EXPECT_TRUE(matches_oracle(*all, cfg, "hopper (all rows)"));
 }
 
-// Few query rows per sequence reach the Hopper few-rows kernel (16 or 32 rows per CTA): fp8-e4m3 caches with at
-// most 32 (any page size), bf16 with 9-32 (1-8 as well with portable_max_rows_on_hopper = 0) on pages of 16, 32 or a
-// multiple of 64 keys; the same shapes on the
-// portable kernel, and 64-128 heads forced onto the kernel in row chunks of 32 (CudaBackendOptions::
-// hopper_fp8_max_rows). small_shapes(kBF16): the same shapes on a bf16 cache.
-std::vector<synthetic::Config> small_shapes(DType f8 = DType::kFP8E4M3) {
+// fp8-e4m3 caches with at most 32 query rows per sequence reach the Hopper fp8 kernel (16 or 32 rows per CTA,
+// any page size); the same shapes on the portable kernel, and 64-128 heads forced onto the fp8 kernel in row
+// chunks of 32 (CudaBackendOptions::hopper_fp8_max_rows).
+std::vector<synthetic::Config> fp8_shapes() {
+  const DType f8 = DType::kFP8E4M3;
   return {
       config(16, 1, 64, {4097, 0, 130, 1, 2049}, 240, f8),                // 16 heads: DeepSeek-V3 at TP 8
       config(16, 2, 64, {2, 700, 4100}, 241, f8),                         // 32 rows of two tokens (causal)
@@ -160,7 +157,7 @@ std::vector<synthetic::Config> small_shapes(DType f8 = DType::kFP8E4M3) {
 TEST(Sm90Fp8Decode, MatchesReference) {
   MLADCP_SKIP_WITHOUT_GPU();
   auto hopper = cuda_backend(false);
-  for (const synthetic::Config& cfg : small_shapes()) EXPECT_TRUE(matches_oracle(*hopper, cfg, "hopper fp8"));
+  for (const synthetic::Config& cfg : fp8_shapes()) EXPECT_TRUE(matches_oracle(*hopper, cfg, "hopper fp8"));
 }
 
 // The same shapes under the balanced schedule, forced (kFillDevice takes it on its own only for batches that would
@@ -171,40 +168,14 @@ TEST(Sm90Fp8Decode, BalancedSchedule) {
   CudaBackendOptions o;
   o.fill_schedule = cuda_plan::Schedule::kBalanced;
   auto balanced = make_cuda_backend(o);
-  for (const synthetic::Config& cfg : small_shapes())
+  for (const synthetic::Config& cfg : fp8_shapes())
     EXPECT_TRUE(matches_oracle(*balanced, cfg, "hopper fp8 (balanced)"));
 }
 
 TEST(Sm90Fp8Decode, PortableKernelOnTheSameShapes) {
   MLADCP_SKIP_WITHOUT_GPU();
   auto portable = cuda_backend(true);
-  for (const synthetic::Config& cfg : small_shapes()) EXPECT_TRUE(matches_oracle(*portable, cfg, "portable fp8"));
-}
-
-// bf16 caches on the few-rows kernel: every row count from 1 (portable_max_rows_on_hopper = 0) to 32, pages of 16,
-// 32, 64 and 128 keys (1 and 48: the portable kernel), both schedules.
-TEST(Sm90SmallDecode, Bf16MatchesReference) {
-  MLADCP_SKIP_WITHOUT_GPU();
-  CudaBackendOptions o;
-  o.portable_max_rows_on_hopper = 0;
-  auto small = make_cuda_backend(o);
-  for (const synthetic::Config& cfg : small_shapes(DType::kBF16))
-    EXPECT_TRUE(matches_oracle(*small, cfg, "hopper few-rows bf16"));
-}
-
-TEST(Sm90SmallDecode, Bf16BalancedSchedule) {
-  MLADCP_SKIP_WITHOUT_GPU();
-  CudaBackendOptions o;
-  o.portable_max_rows_on_hopper = 0;
-  o.fill_schedule = cuda_plan::Schedule::kBalanced;
-  auto balanced = make_cuda_backend(o);
-  for (const synthetic::Config& cfg : small_shapes(DType::kBF16))
-    EXPECT_TRUE(matches_oracle(*balanced, cfg, "hopper few-rows bf16 (balanced)"));
-  // Many sequences of a few tiles: parts of several pieces, the ring's slots numbered across them.
-  std::vector<int32_t> lens(300);
-  for (size_t i = 0; i < lens.size(); ++i) lens[i] = int32_t((i * 7919) % 700 == 1 ? 2 : (i * 7919) % 700);
-  EXPECT_TRUE(matches_oracle(*balanced, config(16, 1, 64, lens, 255), "hopper few-rows bf16 (balanced, 300)"));
-  EXPECT_TRUE(matches_oracle(*balanced, config(16, 2, 16, lens, 256), "hopper few-rows bf16 (balanced, 300 × 32)"));
+  for (const synthetic::Config& cfg : fp8_shapes()) EXPECT_TRUE(matches_oracle(*portable, cfg, "portable fp8"));
 }
 
 TEST(Sm90Fp8Decode, ManyRowsInChunksOf32) {

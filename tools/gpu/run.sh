@@ -217,7 +217,7 @@ if want variants; then
   }
   cmds="$(ninja -C "$build" -t commands mladcp_peer_bench)"
   compile="$(grep -E '/sm90_decode_kernel.cu.o ' <<<"$cmds" | grep -- ' -c ' | head -n1)"
-  compile_fp8="$(grep -E '/sm90_small_decode_kernel.cu.o ' <<<"$cmds" | grep -- ' -c ' | head -n1)"
+  compile_fp8="$(grep -E '/sm90_fp8_decode_kernel.cu.o ' <<<"$cmds" | grep -- ' -c ' | head -n1)"
   archive="$(grep 'ar qc src/cuda/libmladcp_cuda.a' <<<"$cmds" | head -n1)"
   link="$(grep -- '-o bench/gpu/mladcp_peer_bench' <<<"$cmds" | head -n1)"
   touch "$out/peers.log"
