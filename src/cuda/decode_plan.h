@@ -143,23 +143,6 @@ struct BalancedRecord {
   int first_part, parts, slot, unused;
 };
 
-// Equal lengths: where every sequence has the same number of tiles on this shard and the batch has at most one
-// sequence per part, part p runs piece p % m of sequence p / m, m = parts / num_seqs pieces of equal tile counts per
-// sequence (fewer where a sequence has fewer tiles than m): one piece per part, its boundaries on sequence boundaries,
-// where the positional cut would give most parts two pieces of two sequences (a piece's switch costs its query load
-// and a partial state; measured in docs/perf/gpu-sm90-fp8-balanced-2026-12-02.md). Taken where the parts left idle,
-// parts − m · num_seqs, are at most one in kEqualIdleParts, and only for m ≤ kEqualMaxPieces: measured on the H200
-// (docs/perf/gpu-sm90-equal-cut-2026-12-03.md), m = 2 ran 2.9-4.1% faster than the positional cut (about half its
-// parts span two sequences), m ≥ 4 ran 0-3% slower (an eighth or fewer of its parts do, and the idle parts' share
-// of the work moves onto the others). 0: the positional cut.
-inline constexpr int kEqualIdleParts = 16;
-inline constexpr int kEqualMaxPieces = 2;
-MLADCP_HD int balanced_equal_pieces(int num_seqs, int parts, bool equal_lengths) {
-  if (!equal_lengths || num_seqs < 1 || num_seqs > parts) return 0;
-  const int m = parts / num_seqs;
-  return m <= kEqualMaxPieces && (parts - m * num_seqs) * kEqualIdleParts <= parts ? m : 0;
-}
-
 // The pieces of one part, in sequence order. Start it at the sequence whose positions hold the part's first
 // position (balanced_cursor); next() reads each sequence's tile count through tiles_of(seq). Positions
 // are 32-bit: make_plan takes the balanced schedule only where every position fits.
@@ -167,29 +150,12 @@ struct BalancedCursor {
   int part = 0;
   int per_part = 1, begin = 0, end = 0;  // T; positions [begin, end) of this part
   bool whole_short = false;              // sequences of at most T positions are never cut (see below)
-  int equal_pieces = 0;                  // m of the equal-lengths cut (balanced_equal_pieces), 0: positional
   int seq = 0;                           // next sequence to look at
   int pos = 0;                           // its first position
   int count = 0;                         // pieces returned so far
 
   template <class TilesOf>
   MLADCP_HD bool next(int num_seqs, const TilesOf& tiles_of, BalancedPiece& out) {
-    if (equal_pieces > 0) {
-      const int s = part / equal_pieces, k = part % equal_pieces;
-      if (count > 0 || s >= num_seqs) return false;
-      const int64_t n = tiles_of(s);
-      const int m = n < equal_pieces ? (n > 1 ? int(n) : 1) : equal_pieces;
-      if (k >= m) return false;
-      out.seq = s;
-      out.tile_begin = int(k * n / m);
-      out.tile_end = int((k + 1) * n / m);
-      out.whole = m == 1;
-      out.slot = 0;
-      out.first = k == 0;
-      out.parts = m;
-      ++count;
-      return true;
-    }
     while (seq < num_seqs) {
       const int n = int(tiles_of(seq));
       const int cost = int(balanced_cost(n));
@@ -229,14 +195,12 @@ struct BalancedCursor {
 };
 
 // The cursor of part `part` of `parts` over `total` positions, starting at sequence first_seq (first
-// position first_pos) or, with first_seq < 0 (the part lies past the work), at nothing; equal_lengths: every
-// sequence has the same number of tiles (the equal-lengths cut where balanced_equal_pieces takes it).
+// position first_pos) or, with first_seq < 0 (the part lies past the work), at nothing.
 MLADCP_HD BalancedCursor balanced_cursor(int part, int parts, int total, int first_seq, int first_pos, int num_seqs,
-                                         bool whole_short, bool equal_lengths = false) {
+                                         bool whole_short) {
   BalancedCursor c;
   c.part = part;
   c.whole_short = whole_short;
-  c.equal_pieces = balanced_equal_pieces(num_seqs, parts, equal_lengths);
   c.per_part = (total + parts - 1) / parts;
   if (c.per_part < 1) c.per_part = 1;
   c.begin = part * c.per_part;

@@ -92,8 +92,7 @@ __device__ __forceinline__ bool cta_segments(const DecodeKernelParams& p, Segmen
 }
 
 // Balanced schedule: where part `part` starts, found by all kThreads threads of the CTA together (two passes over
-// the sequence lengths: the total and whether every sequence has as many tiles as the first, then the sequence
-// holding the part's first position). `scratch`: 14
+// the sequence lengths: the total, then the sequence holding the part's first position). `scratch`: 14
 // int64 of shared memory.
 template <int kThreads>
 __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p, int part, int64_t* scratch) {
@@ -104,18 +103,12 @@ __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p,
     return cuda_plan::balanced_cost(local_tiles(p, sq));
   };
   int64_t mine = 0;
-  bool equal = true;  // every sequence has sequence 0's tile count
-  const int64_t tiles0 = p.num_seqs > 0 ? local_tiles(p, 0) : 0;
-  for (int sq = tid; sq < p.num_seqs; sq += kThreads) {
-    const int64_t n = local_tiles(p, sq);
-    mine += cuda_plan::balanced_cost(n);
-    equal = equal && n == tiles0;
-  }
+  for (int sq = tid; sq < p.num_seqs; sq += kThreads) mine += cost_of(sq);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
   if (lane == 0) scratch[warp] = mine;
   if (tid == 0) scratch[kWarps] = -1;
-  equal = __syncthreads_and(equal) != 0;
+  __syncthreads();
   int64_t total = 0;
 #pragma unroll
   for (int i = 0; i < kWarps; ++i) total += scratch[i];
@@ -153,8 +146,7 @@ __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p,
   const int first_seq = int(scratch[kWarps]);
   const int64_t first_pos = first_seq >= 0 ? scratch[kWarps + 1] : 0;
   __syncthreads();  // scratch is the consumers' reduction buffer afterwards
-  return cuda_plan::balanced_cursor(part, p.parts, int(total), first_seq, int(first_pos), p.num_seqs, p.whole_short,
-                                    equal);
+  return cuda_plan::balanced_cursor(part, p.parts, int(total), first_seq, int(first_pos), p.num_seqs, p.whole_short);
 }
 
 }  // namespace mladcp::cuda_impl::sm90_segments

@@ -139,16 +139,9 @@ KernelGrid kernel_grid(const DeviceParams& dev, int heads, int q_len, int64_t ba
                                  small ? cuda_plan::Schedule::kAutoManyWaves : cuda_plan::Schedule::kAuto);
   if (balances && dev.balanced_schedule && b.take) {
     g.ctas = b.parts * chunks;
-    // The batch is modelled as sequences of equal lengths: the kernels' equal-lengths cut where it applies.
-    const int64_t tiles = (keys + cuda_plan::kTileTokens - 1) / cuda_plan::kTileTokens;
-    const int m = cuda_plan::balanced_equal_pieces(int(std::min<int64_t>(batch, 1 << 30)), int(b.parts), true);
     if (b.whole_short) {
       g.splits = 1;
       g.split_keys = keys;
-    } else if (m > 0) {
-      g.splits = std::min<int64_t>(m, std::max<int64_t>(tiles, 1));
-      g.ctas = g.splits * std::max<int64_t>(1, batch) * chunks;
-      g.split_keys = std::min(keys, (tiles + g.splits - 1) / g.splits * cuda_plan::kTileTokens);
     } else {
       const int64_t per_seq = cuda_plan::balanced_cost((keys + cuda_plan::kTileTokens - 1) / cuda_plan::kTileTokens);
       const int64_t per_part = std::max<int64_t>(1, (std::max<int64_t>(1, batch) * per_seq + b.parts - 1) / b.parts);

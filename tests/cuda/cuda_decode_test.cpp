@@ -150,10 +150,8 @@ TEST(CudaSanitize, DecodeSmallShapes) {
   EXPECT_TRUE(matches_oracle_on_device(*balanced, config(32, 2, 16, {2, 3, 130, 700}, 20, DType::kFP8E4M3)));
   // fp8 with 16 rows: the Hopper fp8 kernel's balanced schedule (pieces handed on in one CTA).
   EXPECT_TRUE(matches_oracle_on_device(*balanced, config(16, 1, 32, {0, 3, 65, 700, 2, 130}, 23, DType::kFP8E4M3)));
-  // Equal lengths: the balanced schedule's equal-lengths cut (a sequence in pieces of one or several tiles, one
-  // piece per part), on both Hopper kernels.
-  // On 132 SMs: 66 parts of 128 heads over 33 sequences (2 pieces each), 132 of 16 fp8 rows over 66 (2 each), 132
-  // of 64 heads over 128 (whole sequences, 4 parts idle); elsewhere the positional cut.
+  // Equal lengths under the balanced schedule, on both Hopper kernels (on 132 SMs: 66 parts of 128 heads over 33
+  // sequences, 132 of 16 fp8 rows over 66, 132 of 64 heads over 128 whole sequences).
   EXPECT_TRUE(matches_oracle_on_device(*balanced, config(128, 1, 64, std::vector<int32_t>(33, 300), 24)));
   EXPECT_TRUE(
       matches_oracle_on_device(*balanced, config(16, 1, 64, std::vector<int32_t>(66, 1000), 25, DType::kFP8E4M3)));

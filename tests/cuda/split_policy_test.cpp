@@ -94,8 +94,6 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
     const int num_seqs = 1 + next(trial < 30 ? 12 : 300);
     std::vector<int> tiles(num_seqs);
     for (int& t : tiles) t = next(4) == 0 ? 0 : (next(3) == 0 ? 1 + next(3) : next(trial % 2 ? 40 : 600));
-    if (trial % 4 == 3) std::fill(tiles.begin(), tiles.end(), tiles[0]);  // equal lengths (maybe all empty)
-    const bool equal = std::all_of(tiles.begin(), tiles.end(), [&](int t) { return t == tiles[0]; });
     int64_t total = 0;
     for (int t : tiles) total += cuda_plan::balanced_cost(t);
     for (int parts : {1, 2, 3, 7, 33, 66, 132, 1000})
@@ -122,7 +120,7 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
             pos += c;
           }
           cuda_plan::BalancedCursor cur =
-              cuda_plan::balanced_cursor(part, parts, int(total), first, int(first_pos), num_seqs, whole_short, equal);
+              cuda_plan::balanced_cursor(part, parts, int(total), first, int(first_pos), num_seqs, whole_short);
           cuda_plan::BalancedPiece pc;
           std::vector<cuda_plan::BalancedPiece> pieces;
           while (cur.next(
@@ -160,10 +158,7 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
           ASSERT_FALSE(parts_of[s].empty());
           EXPECT_EQ(rec[s].first_part, parts_of[s].front());
           const int64_t per = (total + parts - 1) / parts;
-          const int m = cuda_plan::balanced_equal_pieces(num_seqs, parts, equal);
-          if (m > 0)  // the equal-lengths cut: m pieces of one sequence (fewer where it has fewer tiles), one per part
-            EXPECT_EQ(int(parts_of[s].size()), std::min(m, std::max(tiles[s], 1))) << "equal-lengths cut";
-          else if (whole_short && cuda_plan::balanced_cost(tiles[s]) <= per)
+          if (whole_short && cuda_plan::balanced_cost(tiles[s]) <= per)
             EXPECT_EQ(parts_of[s].size(), 1u) << "never cut";
           EXPECT_EQ(rec[s].parts, int(parts_of[s].size()));
           for (size_t k = 1; k < parts_of[s].size(); ++k) EXPECT_EQ(parts_of[s][k], parts_of[s][k - 1] + 1);
