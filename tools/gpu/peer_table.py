@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One table from the RESULT lines of the peer harness and of mladcp_peer_bench (same configs.txt).
 
-Usage: peer_table.py RESULTS_FILE... [--md OUT.md]
+Usage: peer_table.py RESULTS_FILE... [--md OUT.md] [--configs CONFIGS.txt]  (the sets' names: CONFIGS.txt, default
+.peers/configs.txt, and tools/gpu/extra_configs.txt)
 Lines read: RESULT <who> h b s_q ctx variant median_us GB/s TFLOP/s (who: flashmla, mladcp, mladcp-<policy>,
 mladcp-var-<name>: a compile-time variant of the kernel, shown as its own column against the default;
 mladcp-fp8*: the same case on an fp8 cache, shown with the bf16 default's time over its own). A case measured in
@@ -21,6 +22,11 @@ def main():
         i = args.index("--md")
         md_out = args[i + 1]
         del args[i:i + 2]
+    configs = ".peers/configs.txt"
+    if "--configs" in args:
+        i = args.index("--configs")
+        configs = args[i + 1]
+        del args[i:i + 2]
     res = {}  # (h, b, s_q, ctx, variant) -> {who: (us, gbs, tflops)}
     order = []
     for path in args:
@@ -37,7 +43,7 @@ def main():
                 if p[1] not in res[key] or row[0] < res[key][p[1]][0]:  # several rounds: the best median
                     res[key][p[1]] = row
     sets = {}
-    for cfg_path in (".peers/configs.txt", "tools/gpu/extra_configs.txt"):
+    for cfg_path in (configs, "tools/gpu/extra_configs.txt"):
         try:
             with open(cfg_path) as f:
                 for line in f:

@@ -13,6 +13,9 @@
 #
 # peers: FlashMLA, a measuring instrument kept outside the project, side by side in the same call. Here:
 #   cp -a ../shared/peers .peers && echo /.peers/ >> .git/info/exclude     (then carry ".peers")
+# or, once FlashMLA was built and its extension saved (MLADCP_FLASHMLA_SAVE=1), a slim copy without its sources
+# (14 MB instead of 30 MB of the 64 MiB carry): bench_flashmla.py, configs.txt and flashmla/flash_mla/ with the
+# extension in it, named by MLADCP_PEERS_DIR.
 # The stage builds it (.peers/build_flashmla.sh), runs its harness and mladcp_peer_bench on the same
 # .peers/configs.txt (same cases, same method) and prints one table (tools/gpu/peer_table.py):
 # FlashMLA µs, mladcp µs, ratio, TFLOP/s, GB/s, and the split policies against each other.
@@ -27,6 +30,7 @@
 #   MLADCP_FLASHMLA_PREBUILT=1  peers stage: reuse .peers/flashmla/flash_mla/cuda*.so when it imports (built by an
 #                            earlier call of this machine kind and carried back; saves ~2 min); else build
 #   MLADCP_FLASHMLA_SAVE=1   peers stage: copy the built extension to $OUT (to carry it next time)
+#   MLADCP_PEERS_DIR=dir     peers stages: the peers folder (default .peers; a slim copy needs the extension inside)
 #   MLADCP_PEER_ROUNDS       peers stage: rounds of FlashMLA then mladcp (default 2); the table keeps each one's best
 #   MLADCP_PEER_POLICIES     peers stage: mladcp_peer_bench --policies (default default,invariant,nolse,splits,balanced)
 #   MLADCP_GPU_PROFILE_CONFIGS  profile stage configurations (H,B,CTX,QLEN,KV ...)
@@ -163,40 +167,42 @@ if want bench; then
   note "bench: rc $rc; $(tail -n 1 "$out/bench.log")"
 fi
 
+peers="${MLADCP_PEERS_DIR:-.peers}"
 if want peers; then
   # FlashMLA and mladcp take turns (MLADCP_PEER_ROUNDS rounds, default 2: F M F M) and the table keeps each side's
   # best median: under the board's power cap the clock depends on what ran just before (docs/perf,
   # gpu-sm90-power-2026-12-02.md), so one side measured always first or always on a hotter GPU is biased.
   flashmla=0
-  if [ -f .peers/build_flashmla.sh ] && [ -z "${MLADCP_PEERS_MLADCP_ONLY:-}" ]; then
+  if [ -f "$peers/bench_flashmla.py" ] && [ -z "${MLADCP_PEERS_MLADCP_ONLY:-}" ]; then
     t0=$(date +%s)
-    if [ -n "${MLADCP_FLASHMLA_PREBUILT:-}" ] && ls .peers/flashmla/flash_mla/cuda*.so >/dev/null 2>&1 &&
-      (cd .peers/flashmla && python3 -c "import flash_mla.cuda") >"$out/peers.log" 2>&1; then
-      note "peers: FlashMLA prebuilt extension (carried in .peers/flashmla/flash_mla) imports; not rebuilt"
+    if { [ -n "${MLADCP_FLASHMLA_PREBUILT:-}" ] || [ ! -f "$peers/build_flashmla.sh" ]; } &&
+      ls "$peers"/flashmla/flash_mla/cuda*.so >/dev/null 2>&1 &&
+      (cd "$peers/flashmla" && python3 -c "import flash_mla.cuda") >"$out/peers.log" 2>&1; then
+      note "peers: FlashMLA prebuilt extension (carried in $peers/flashmla/flash_mla) imports; not rebuilt"
     else
-      timeout "$(cap 300 60)" bash .peers/build_flashmla.sh >"$out/peers.log" 2>&1
+      timeout "$(cap 300 60)" bash "$peers/build_flashmla.sh" >"$out/peers.log" 2>&1
       note "peers: FlashMLA build rc $? in $(($(date +%s) - t0)) s"
     fi
-    [ -n "${MLADCP_FLASHMLA_SAVE:-}" ] && cp .peers/flashmla/flash_mla/cuda*.so "$out/"
+    [ -n "${MLADCP_FLASHMLA_SAVE:-}" ] && cp "$peers"/flashmla/flash_mla/cuda*.so "$out/"
     flashmla=1
   else
-    note "peers: FlashMLA not run (.peers/ missing, or MLADCP_PEERS_MLADCP_ONLY set); mladcp only"
+    note "peers: FlashMLA not run ($peers/ missing, or MLADCP_PEERS_MLADCP_ONLY set); mladcp only"
     : >"$out/peers.log"
   fi
   for round in $(seq 1 "${MLADCP_PEER_ROUNDS:-2}"); do
     if [ $flashmla = 1 ]; then
-      timeout "$(cap 200 30)" python3 .peers/bench_flashmla.py --configs .peers/configs.txt >>"$out/peers.log" 2>&1
+      timeout "$(cap 200 30)" python3 "$peers/bench_flashmla.py" --configs "$peers/configs.txt" >>"$out/peers.log" 2>&1
       rc1=$?
-      timeout "$(cap 120 30)" python3 .peers/bench_flashmla.py --configs tools/gpu/extra_configs.txt >>"$out/peers.log" 2>&1
+      timeout "$(cap 120 30)" python3 "$peers/bench_flashmla.py" --configs tools/gpu/extra_configs.txt >>"$out/peers.log" 2>&1
       note "peers: round $round: FlashMLA harness rc $rc1 (extra configurations rc $?)"
     fi
-    for cfgs in "${MLADCP_PEER_CONFIGS:-.peers/configs.txt}" tools/gpu/extra_configs.txt; do
+    for cfgs in "${MLADCP_PEER_CONFIGS:-$peers/configs.txt}" tools/gpu/extra_configs.txt; do
       timeout "$(cap 200 10)" "$bin/mladcp_peer_bench" --configs "$cfgs" --policies "${MLADCP_PEER_POLICIES:-default,invariant,nolse,splits,balanced}" \
         >>"$out/peers.log" 2>&1
       note "peers: round $round: mladcp on $cfgs rc $?"
     done
   done
-  python3 tools/gpu/peer_table.py "$out/peers.log" --md "$root/build/peers.md"
+  python3 tools/gpu/peer_table.py "$out/peers.log" --md "$root/build/peers.md" --configs "$peers/configs.txt"
 fi
 
 if want variants; then
@@ -208,7 +214,7 @@ if want variants; then
   # variants built elsewhere (tools/gpu/build_variant.sh), whose Hopper tests run first.
   time_variant() {  # NAME BENCH: BENCH on the peers' configurations, its rows labelled as variant NAME
     local cfgs
-    local list=("${MLADCP_PEER_CONFIGS:-.peers/configs.txt}")
+    local list=("${MLADCP_PEER_CONFIGS:-$peers/configs.txt}")
     [ "${MLADCP_VARIANT_EXTRA:-1}" = 0 ] || list+=(tools/gpu/extra_configs.txt)
     for cfgs in "${list[@]}"; do
       timeout "$(cap 200 10)" "$2" --configs "$cfgs" --policies "${MLADCP_VARIANT_POLICY:-default}" 2>&1 |
@@ -247,7 +253,7 @@ if want variants; then
     time_variant "$name" "$dir/mladcp_peer_bench"
     note "variant $name ($dir): timed"
   done
-  python3 tools/gpu/peer_table.py "$out/peers.log" --md "$root/build/peers.md"
+  python3 tools/gpu/peer_table.py "$out/peers.log" --md "$root/build/peers.md" --configs "$peers/configs.txt"
 fi
 
 if want sanitize; then
@@ -297,8 +303,8 @@ if want peerprofile; then
     --section WarpStateStats --section InstructionStats --section SchedulerStats --section LaunchStats
     --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second)
   : >"$out/peerprofile.log"
-  if ! ls .peers/flashmla/flash_mla/cuda*.so >/dev/null 2>&1; then
-    timeout "$(cap 300 60)" bash .peers/build_flashmla.sh >>"$out/peerprofile.log" 2>&1
+  if ! ls "$peers"/flashmla/flash_mla/cuda*.so >/dev/null 2>&1; then
+    timeout "$(cap 300 60)" bash "$peers/build_flashmla.sh" >>"$out/peerprofile.log" 2>&1
     note "peerprofile: FlashMLA build rc $?"
   fi
   while IFS= read -r line; do
@@ -307,7 +313,7 @@ if want peerprofile; then
     echo "$line" >"$cfg"
     echo "## $line: FlashMLA" >>"$out/peerprofile.log"
     timeout "$(cap 120 5)" "$ncu_bin" --clock-control none -k regex:flash_fwd_splitkv_mla --launch-skip 2 --launch-count 1 \
-      "${sections[@]}" python3 .peers/bench_flashmla.py --configs "$cfg" --reps 2 --warmup 1 >>"$out/peerprofile.log" 2>&1
+      "${sections[@]}" python3 "$peers/bench_flashmla.py" --configs "$cfg" --reps 2 --warmup 1 >>"$out/peerprofile.log" 2>&1
     note "peerprofile FlashMLA $line: rc $?"
     echo "## $line: mladcp" >>"$out/peerprofile.log"
     timeout "$(cap 120 5)" "$ncu_bin" --clock-control none -k regex:'mla_decode_s(plit|m90)' --launch-skip 2 --launch-count 1 \
