@@ -24,9 +24,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name << " (" << describ
 ::testing::AssertionResult matches_oracle_on_device(Backend& cuda, const synthetic::Config& cfg) {
   const synthetic::Problem prob = make_problem(cfg);
   const DecodeBuffers want = expected_decode(prob, LseBase::kE);
-  const std::vector<float> want_out = want.out_float();
   const DeviceProblem dev(prob);
-  const size_t T = size_t(prob.num_tokens()), H = size_t(cfg.num_heads);
   struct Variant {
     DType out;
     std::optional<LseBase> base;
@@ -35,24 +33,8 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name << " (" << describ
   for (const Variant& v : variants) {
     const std::string what = describe(cfg) + " out=" + dtype_name(v.out) +
                              (v.base ? std::string(" lse base ") + lse_base_name(*v.base) : " no lse");
-    GuardedBuffer out(v.out, T * H * kLatentDim), lse(DType::kFP32, T * H);
-    const MlaDecodeParams p =
-        dev.params(prob, out.data(), v.out, v.base ? lse.as<float>() : nullptr, v.base.value_or(LseBase::kE));
-    const Status s = run_device_decode(cuda, p);
-    if (!s.ok()) return ::testing::AssertionFailure() << what << ": decode failed: " << s.to_string();
-    ::testing::AssertionResult ok = ::testing::AssertionSuccess();
-    const std::vector<float> got = out.download_float(&ok);
-    if (!ok) return ::testing::AssertionFailure() << what << ": out " << ok.message();
-    const Comparison c = compare(got, want_out, cuda_decode_tolerance(), "out", want.out_dims());
-    if (!c.ok) return ::testing::AssertionFailure() << what << "\n  " << c.report;
-    const std::vector<float> got_lse = lse.download_float(&ok);
-    if (!ok) return ::testing::AssertionFailure() << what << ": lse " << ok.message();
-    if (v.base) {
-      const Comparison l = compare(got_lse, lse_in_base(*want.lse, *v.base), lse_tolerance(), "lse", want.lse_dims());
-      if (!l.ok) return ::testing::AssertionFailure() << what << "\n  " << l.report;
-    } else if (count_sentinels(got_lse) != got_lse.size()) {
-      return ::testing::AssertionFailure() << what << ": the LSE buffer was written although no LSE was asked for";
-    }
+    ::testing::AssertionResult r = device_decode_matches(cuda, prob, dev, want, v.out, v.base, what);
+    if (!r) return r;
   }
   return ::testing::AssertionSuccess();
 }

@@ -142,4 +142,40 @@ inline std::vector<float> lse_in_base(const std::vector<float>& lse_e, LseBase b
   return v;
 }
 
+// One decode of `prob` on `cuda` (dev.params, then adjust(params)) into sentinel-guarded buffers: out in out_dtype,
+// the LSE in `base`, or none asked for (then its buffer must stay untouched); checked against the oracle's `want`
+// (expected_decode with a natural LSE): every element written, within cuda_decode_tolerance. `what` names the case.
+template <class Adjust>
+::testing::AssertionResult device_decode_matches(Backend& cuda, const synthetic::Problem& prob,
+                                                 const DeviceProblem& dev, const DecodeBuffers& want, DType out_dtype,
+                                                 std::optional<LseBase> base, const std::string& what, Adjust adjust) {
+  const size_t T = size_t(prob.num_tokens()), H = size_t(prob.config.num_heads);
+  GuardedBuffer out(out_dtype, T * H * kLatentDim), lse(DType::kFP32, T * H);
+  MlaDecodeParams p =
+      dev.params(prob, out.data(), out_dtype, base ? lse.as<float>() : nullptr, base.value_or(LseBase::kE));
+  adjust(p);
+  const Status s = run_device_decode(cuda, p);
+  if (!s.ok()) return ::testing::AssertionFailure() << what << ": decode failed: " << s.to_string();
+  ::testing::AssertionResult ok = ::testing::AssertionSuccess();
+  const std::vector<float> got = out.download_float(&ok);
+  if (!ok) return ::testing::AssertionFailure() << what << ": out " << ok.message();
+  const Comparison c = compare(got, want.out_float(), cuda_decode_tolerance(), "out", want.out_dims());
+  if (!c.ok) return ::testing::AssertionFailure() << what << "\n  " << c.report;
+  const std::vector<float> got_lse = lse.download_float(&ok);
+  if (!ok) return ::testing::AssertionFailure() << what << ": lse " << ok.message();
+  if (base) {
+    const Comparison l = compare(got_lse, lse_in_base(*want.lse, *base), lse_tolerance(), "lse", want.lse_dims());
+    if (!l.ok) return ::testing::AssertionFailure() << what << "\n  " << l.report;
+  } else if (count_sentinels(got_lse) != got_lse.size()) {
+    return ::testing::AssertionFailure() << what << ": the LSE buffer was written although no LSE was asked for";
+  }
+  return ::testing::AssertionSuccess();
+}
+inline ::testing::AssertionResult device_decode_matches(Backend& cuda, const synthetic::Problem& prob,
+                                                        const DeviceProblem& dev, const DecodeBuffers& want,
+                                                        DType out_dtype, std::optional<LseBase> base,
+                                                        const std::string& what) {
+  return device_decode_matches(cuda, prob, dev, want, out_dtype, base, what, [](MlaDecodeParams&) {});
+}
+
 }  // namespace mladcp::test

@@ -41,26 +41,14 @@ std::unique_ptr<Backend> cuda_backend(bool portable, bool fused = false) {
 
 // fp32 out with a natural LSE and bf16 out with a base-2 LSE, against the oracle.
 ::testing::AssertionResult matches_oracle(Backend& cuda, const synthetic::Problem& prob, const std::string& kernel) {
-  const synthetic::Config& cfg = prob.config;
   const DecodeBuffers want = expected_decode(prob, LseBase::kE);
-  const std::vector<float> want_out = want.out_float();
   const DeviceProblem dev(prob);
-  const size_t T = size_t(prob.num_tokens()), H = size_t(cfg.num_heads);
   for (const DType out_dtype : {DType::kFP32, DType::kBF16}) {
     const LseBase base = out_dtype == DType::kFP32 ? LseBase::kE : LseBase::k2;
-    const std::string what = kernel + " kernel, " + describe(cfg) + " out=" + dtype_name(out_dtype);
-    GuardedBuffer out(out_dtype, T * H * kLatentDim), lse(DType::kFP32, T * H);
-    const Status s = run_device_decode(cuda, dev.params(prob, out.data(), out_dtype, lse.as<float>(), base));
-    if (!s.ok()) return ::testing::AssertionFailure() << what << ": decode failed: " << s.to_string();
-    ::testing::AssertionResult ok = ::testing::AssertionSuccess();
-    const std::vector<float> got = out.download_float(&ok);
-    if (!ok) return ::testing::AssertionFailure() << what << ": out " << ok.message();
-    const Comparison c = compare(got, want_out, cuda_decode_tolerance(), "out", want.out_dims());
-    if (!c.ok) return ::testing::AssertionFailure() << what << "\n  " << c.report;
-    const std::vector<float> got_lse = lse.download_float(&ok);
-    if (!ok) return ::testing::AssertionFailure() << what << ": lse " << ok.message();
-    const Comparison l = compare(got_lse, lse_in_base(*want.lse, base), lse_tolerance(), "lse", want.lse_dims());
-    if (!l.ok) return ::testing::AssertionFailure() << what << "\n  " << l.report;
+    ::testing::AssertionResult r =
+        device_decode_matches(cuda, prob, dev, want, out_dtype, base,
+                              kernel + " kernel, " + describe(prob.config) + " out=" + dtype_name(out_dtype));
+    if (!r) return r;
   }
   return ::testing::AssertionSuccess();
 }

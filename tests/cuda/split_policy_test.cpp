@@ -243,25 +243,12 @@ TEST(SplitPolicyPlan, FusedMergeWhereStatesAreFew) {
 ::testing::AssertionResult fill_matches_oracle(Backend& cuda, const synthetic::Config& cfg) {
   const synthetic::Problem prob = make_problem(cfg);
   const DecodeBuffers want = expected_decode(prob, LseBase::kE);
-  const std::vector<float> want_out = want.out_float();
   const DeviceProblem dev(prob);
-  const size_t T = size_t(prob.num_tokens()), H = size_t(cfg.num_heads);
   for (const auto& [dt, base] : {std::pair{DType::kFP32, LseBase::kE}, std::pair{DType::kBF16, LseBase::k2}}) {
-    const std::string what = describe(cfg) + " split_policy=fill out=" + dtype_name(dt);
-    GuardedBuffer out(dt, T * H * kLatentDim), lse(DType::kFP32, T * H);
-    MlaDecodeParams p = dev.params(prob, out.data(), dt, lse.as<float>(), base);
-    p.split_policy = SplitPolicy::kFillDevice;
-    const Status s = run_device_decode(cuda, p);
-    if (!s.ok()) return ::testing::AssertionFailure() << what << ": decode failed: " << s.to_string();
-    ::testing::AssertionResult ok = ::testing::AssertionSuccess();
-    const std::vector<float> got = out.download_float(&ok);
-    if (!ok) return ::testing::AssertionFailure() << what << ": out " << ok.message();
-    const Comparison c = compare(got, want_out, cuda_decode_tolerance(), "out", want.out_dims());
-    if (!c.ok) return ::testing::AssertionFailure() << what << "\n  " << c.report;
-    const std::vector<float> got_lse = lse.download_float(&ok);
-    if (!ok) return ::testing::AssertionFailure() << what << ": lse " << ok.message();
-    const Comparison l = compare(got_lse, lse_in_base(*want.lse, base), lse_tolerance(), "lse", want.lse_dims());
-    if (!l.ok) return ::testing::AssertionFailure() << what << "\n  " << l.report;
+    ::testing::AssertionResult r = device_decode_matches(
+        cuda, prob, dev, want, dt, base, describe(cfg) + " split_policy=fill out=" + dtype_name(dt),
+        [](MlaDecodeParams& p) { p.split_policy = SplitPolicy::kFillDevice; });
+    if (!r) return r;
   }
   return ::testing::AssertionSuccess();
 }
