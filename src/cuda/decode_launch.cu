@@ -78,43 +78,66 @@ __device__ __forceinline__ lse::Combiner row_combiner(const DecodeKernelParams& 
   return warp_combiner(state.count, [&](int s) { return p.ws_lse[state(s)]; });
 }
 
-// acc (16 columns per lane: float4 i at column 4 · (lane + 32 i)) += the weighted states first, first + stride, ...
-// in that order, two states' loads in flight at a time; states of weight 0 (empty) are not read.
-__device__ __forceinline__ void add_states(const DecodeKernelParams& p, const RowStates& state, const lse::Combiner& c,
-                                           int first, int stride, float4 (&acc)[4]) {
+// A warp's states of one row, in batches of kBatch: states first, first + stride, ... (16 columns per lane: float4 i at
+// column 4 · (lane + 32 i)). A batch's loads are in flight together and are issued before its weights are known:
+// every state of a row is written, and an empty one (weight 0) adds exactly nothing whatever its bytes. kBatch: 2 in
+// the mode for rows of few states (its registers allow four CTAs per SM), 8 in the other (a row's 8 warps then hold
+// up to 64 states in flight at once).
+template <int kBatch>
+struct StateBatch {
+  float4 v[kBatch][4];
+};
+template <int kBatch>
+__device__ __forceinline__ void load_batch(const DecodeKernelParams& p, const RowStates& state, int first, int stride,
+                                           StateBatch<kBatch>& b) {
   const int lane = threadIdx.x & 31;
-  auto load = [&](int s, float wt, float4(&v)[4]) {
-    const float4* src = reinterpret_cast<const float4*>(p.ws_o + state(s) * kLatentDim) + lane;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = wt != 0.0f ? __ldcs(src + 32 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
-  };
-  auto add = [&](float wt, const float4(&v)[4]) {
+  for (int k = 0; k < kBatch; ++k) {
+    if (first + k * stride >= state.count) break;
+    const float4* src = reinterpret_cast<const float4*>(p.ws_o + state(first + k * stride) * kLatentDim) + lane;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) add_weighted(acc[i], wt, v[i]);
-  };
-  for (int s = first; s < state.count; s += 2 * stride) {
-    const bool second = s + stride < state.count;
-    const float wa = c.weight(p.ws_lse[state(s)]);
-    const float wb = second ? c.weight(p.ws_lse[state(s + stride)]) : 0.0f;
-    float4 va[4], vb[4];
-    load(s, wa, va);
-    load(s + stride, wb, vb);
-    add(wa, va);
-    if (second) add(wb, vb);
+    for (int i = 0; i < 4; ++i) b.v[k][i] = __ldcs(src + 32 * i);
+  }
+}
+template <int kBatch>
+__device__ __forceinline__ void add_batch(const DecodeKernelParams& p, const RowStates& state, const lse::Combiner& c,
+                                          int first, int stride, const StateBatch<kBatch>& b, float4 (&acc)[4]) {
+#pragma unroll
+  for (int k = 0; k < kBatch; ++k) {
+    if (first + k * stride >= state.count) break;
+    const float wt = c.weight(p.ws_lse[state(first + k * stride)]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) add_weighted(acc[i], wt, b.v[k][i]);
   }
 }
 
+// acc = +0, then += the weighted states first, first + stride, ... in that order (the combine's summation order,
+// whatever the batching). The first batch is loaded before the weights are found (row_combiner: one memory latency
+// for both), each later one while nothing else is in flight. Returns the row's combiner.
+template <int kBatch>
+__device__ __forceinline__ lse::Combiner merge_states(const DecodeKernelParams& p, const RowStates& state, int first,
+                                                      int stride, float4 (&acc)[4]) {
+  StateBatch<kBatch> b;
+  load_batch(p, state, first, stride, b);
+  const lse::Combiner c = row_combiner(p, state);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = first; s < state.count; s += kBatch * stride) {
+    if (s != first) load_batch(p, state, s, stride, b);
+    add_batch(p, state, c, s, stride, b, acc);
+  }
+  return c;
+}
+
 // One row merged by the CTA's 8 warps together (every thread calls it; `part`: the warps' sums).
+template <int kBatch>
 __device__ void combine_row_by_cta(const DecodeKernelParams& p, int64_t row, float4 (*part)[kLatentDim / 4]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int seq = int(row / p.rows_per_seq), grow = int(row - int64_t(seq) * p.rows_per_seq);
   const RowStates state = row_states(p, seq, grow);
   if (state.count <= 1) return;  // written by the split kernel (uniform over the CTA)
-  const lse::Combiner c = row_combiner(p, state);
   float4 acc[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  add_states(p, state, c, warp, kCombineWarps, acc);
+  const lse::Combiner c = merge_states<kBatch>(p, state, warp, kCombineWarps, acc);
 #pragma unroll
   for (int i = 0; i < 4; ++i) part[warp][lane + 32 * i] = acc[i];
   __syncthreads();
@@ -169,26 +192,8 @@ __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4
     }
     if (row < rows && p.parts > 0) state = row_states(p, seq, grow);
     if (state.count > 1 && state.count <= kCombineFewStates) {
-      // States 0 and 1 are loaded before the weights are known (every state of a row is written, so the loads
-      // need not wait for them): one memory latency less on the row's chain. Then the rest, in order.
-      float4 v0[4], v1[4];
-      const float4* const src0 = reinterpret_cast<const float4*>(p.ws_o + state(0) * kLatentDim) + lane;
-      const float4* const src1 = reinterpret_cast<const float4*>(p.ws_o + state(1) * kLatentDim) + lane;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        v0[i] = __ldcs(src0 + 32 * i);
-        v1[i] = __ldcs(src1 + 32 * i);
-      }
-      const lse::Combiner c = row_combiner(p, state);
-      const float w0 = c.weight(p.ws_lse[state(0)]), w1 = c.weight(p.ws_lse[state(1)]);
       float4 acc[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-        add_weighted(acc[i], w0, v0[i]);
-        add_weighted(acc[i], w1, v1[i]);
-      }
-      add_states(p, state, c, 2, 1, acc);
+      const lse::Combiner c = merge_states<2>(p, state, 0, 1, acc);
       const int64_t o = row_out(p, seq, grow);
 #pragma unroll
       for (int i = 0; i < 4; ++i) store4(p.out, p.out_fp32, o + 4 * (lane + 32 * i), acc[i]);
@@ -197,22 +202,23 @@ __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4
     if (lane == 0) many[warp] = state.count > kCombineFewStates;
     __syncthreads();
     for (int r = 0; r < kCombineWarps; ++r)
-      if (many[r]) combine_row_by_cta(p, group * kCombineWarps + r, part);
+      if (many[r]) combine_row_by_cta<2>(p, group * kCombineWarps + r, part);
     __syncthreads();  // many[] is rewritten for the next group
   }
 }
 
-// group_rows: 8 (rows of few states) or 1 (see above).
-__global__ void __launch_bounds__(kCombineWarps * 32)
-    mla_decode_combine_kernel(const DecodeKernelParams p, int group_rows) {
+// kFew: units of 8 rows (rows of few states), else of one row (see above).
+template <bool kFew>
+__global__ void __launch_bounds__(kCombineWarps * 32, kFew ? 4 : 1)
+    mla_decode_combine_kernel(const DecodeKernelParams p) {
   __shared__ float4 part[kCombineWarps][kLatentDim / 4];
   __shared__ int many[kCombineWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t rows = int64_t(p.num_seqs) * p.rows_per_seq;
-  if (group_rows == 1) {
+  if constexpr (!kFew) {
     wait_for_split_kernel();
     if (nothing_to_merge(p)) return;
-    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) combine_row_by_cta(p, row, part);
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) combine_row_by_cta<8>(p, row, part);
   } else {
     combine_groups(p, rows, part, many, lane, warp);
   }
@@ -305,7 +311,8 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = p.sm90 || p.sm90_fp8 ? 1 : 0;
-    MLADCP_RETURN_IF_ERROR(cuda_status(cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel, p, group_rows),
+    MLADCP_RETURN_IF_ERROR(cuda_status(few ? cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel<true>, p)
+                                           : cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel<false>, p),
                                        "mla_decode_combine_kernel launch"));
   }
   return Status::Ok();
