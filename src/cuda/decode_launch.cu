@@ -81,8 +81,8 @@ __device__ __forceinline__ lse::Combiner row_combiner(const DecodeKernelParams& 
 // A warp's states of one row, in batches of kBatch: states first, first + stride, ... (16 columns per lane: float4 i at
 // column 4 · (lane + 32 i)). A batch's loads are in flight together and are issued before its weights are known:
 // every state of a row is written, and an empty one (weight 0) adds exactly nothing whatever its bytes. kBatch: 2 in
-// the mode for rows of few states (its registers allow four CTAs per SM), 8 in the other (a row's 8 warps then hold
-// up to 64 states in flight at once).
+// the mode for rows of few states (as many registers as it takes: capped at 64 or 80 it spilled, and its calls ran up
+// to 28% longer), 4 in the other (two CTAs per SM; a row's 8 warps then hold up to 32 states in flight at once).
 template <int kBatch>
 struct StateBatch {
   float4 v[kBatch][4];
@@ -209,7 +209,7 @@ __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4
 
 // kFew: units of 8 rows (rows of few states), else of one row (see above).
 template <bool kFew>
-__global__ void __launch_bounds__(kCombineWarps * 32, kFew ? 4 : 1)
+__global__ void __launch_bounds__(kCombineWarps * 32, kFew ? 1 : 2)
     mla_decode_combine_kernel(const DecodeKernelParams p) {
   __shared__ float4 part[kCombineWarps][kLatentDim / 4];
   __shared__ int many[kCombineWarps];
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32, kFew ? 4 : 1)
   if constexpr (!kFew) {
     wait_for_split_kernel();
     if (nothing_to_merge(p)) return;
-    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) combine_row_by_cta<8>(p, row, part);
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) combine_row_by_cta<4>(p, row, part);
   } else {
     combine_groups(p, rows, part, many, lane, warp);
   }
