@@ -414,13 +414,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       copy_queries(p, &q_map, segs, smem);
     } else if (tid == 2 * 128 || (!kFp8 && tid == 2 * 128 + 64)) {
       // bf16: lane 0 of warps 8 and 10 copy stages 0 and 1; fp8: lane 0 of warp 8 copies both.
-      const int stage = kFp8 ? -1 : (tid - 2 * 128) / 64;
-      if (p.block_size >= kTile)
-        produce<1, kFp8>(p, &kv_map, segs, smem, stage);
-      else if (p.block_size == 32)
-        produce<2, kFp8>(p, &kv_map, segs, smem, stage);
+      // The stage is a template argument: a thread keeps only its own tiles' page ids live.
+      if constexpr (kFp8)
+        produce_pages<true, -1>(p, &kv_map, segs, smem);
+      else if (tid == 2 * 128)
+        produce_pages<false, 0>(p, &kv_map, segs, smem);
       else
-        produce<4, kFp8>(p, &kv_map, segs, smem, stage);
+        produce_pages<false, 1>(p, &kv_map, segs, smem);
       // Fused merge: this thread copies the states of the merges the CTA owes, once the consumers are done.
       if (tid == 2 * 128 && p.fused_merge) {
         const SegmentState* const seg = reinterpret_cast<const SegmentState*>(smem + Smem::seg);

@@ -154,9 +154,10 @@ __device__ __forceinline__ uint64_t present_bits(const TilePages<kCopies>& tp, i
 // for 16. bf16: each block straight into the ring, completing on its `full` barrier. fp8 (kFp8): each stage
 // half's blocks into the back of the half, completing on the half's `staged` barrier; the converters take
 // it from there.
-template <int kCopies, bool kFp8>
+template <int kCopies, bool kFp8, int kStage>
 __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUtensorMap* map, Segments segs,
-                                        uint8_t* smem, int stage) {
+                                        uint8_t* smem) {
+  constexpr int stage = kStage;
   constexpr int rows = kTile / kCopies;  // keys per copy
   const uint32_t kv = smem_addr(smem + Smem::kv);
   const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
@@ -197,7 +198,7 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
   // as they are released: one thread for both in a fixed order held the third behind the fourth, and each half
   // takes the thread a few hundred cycles to issue. fp8 (`stage` -1): one thread, in the order above with a's
   // columns 4-8 before b's 0-3, the order the converters take them.
-  const bool do_a = stage != 1, do_b = stage != 0;
+  constexpr bool do_a = stage != 1, do_b = stage != 0;
   int64_t g = 0;
 #if MLADCP_SM90_TIMELINE
   int pieces = 0;
@@ -257,6 +258,18 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
       }
     }
   }
+}
+
+// The copying thread of stage kStage (bf16: 0 or 1; fp8: -1, both), for the cache's page size.
+template <bool kFp8, int kStage>
+__device__ __forceinline__ void produce_pages(const DecodeKernelParams& p, const CUtensorMap* map, Segments segs,
+                                              uint8_t* smem) {
+  if (p.block_size >= kTile)
+    produce<1, kFp8, kStage>(p, map, segs, smem);
+  else if (p.block_size == 32)
+    produce<2, kFp8, kStage>(p, map, segs, smem);
+  else
+    produce<4, kFp8, kStage>(p, map, segs, smem);
 }
 
 // The query copier (bf16 caches whose query rows form one [tokens · H][576] matrix, q_map; lane 0 of the producer
