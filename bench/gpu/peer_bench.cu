@@ -9,10 +9,9 @@
 // with events right around the call (device time only); the median. One key cache, no rotation.
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
-//                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,producer,
-//                                      fused,fp8,fp8-fused,fp8-portable,fp8-all] [--hot-pages N] [--timeline]
+//                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fused,
+//                                      fp8,fp8-fused,fp8-portable,fp8-all] [--hot-pages N] [--timeline]
 // loaded-queries: the default with the Hopper kernel's consumers loading the query rows (no copy by the producer).
-// producer: the default with bf16 calls on the three-warpgroup Hopper kernel (CudaBackendOptions::producer_warpgroup).
 // fused, fp8-fused: the default with the Hopper 64-row kernel's fused merge (CudaBackendOptions::fused_merge).
 // fp8 policies: the same case on an fp8-e4m3 copy of the cache (kv_scale 1/8; no peer runs it): fp8 the default
 // backend, fp8-portable the portable kernel, fp8-all every row count on the Hopper fp8 kernel.
@@ -323,13 +322,12 @@ int main(int argc, char** argv) {
     else if (a == "--chunk0-only")
       chunk0_only = true;
     else {
-      std::fprintf(
-          stderr,
-          "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
-          "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,producer,fused,fp8,"
-          "fp8-fused,fp8-portable,fp8-all] "
-          "[--hot-pages N] [--timeline] [--chunk0-only]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
+                   "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fused,fp8,"
+                   "fp8-fused,fp8-portable,fp8-all] "
+                   "[--hot-pages N] [--timeline] [--chunk0-only]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -367,9 +365,6 @@ int main(int argc, char** argv) {
   mladcp::CudaBackendOptions fp8_all_opt;
   fp8_all_opt.hopper_fp8_max_rows = 1 << 30;
   const std::unique_ptr<mladcp::Backend> fp8_all = mladcp::make_cuda_backend(fp8_all_opt);
-  mladcp::CudaBackendOptions producer_opt;
-  producer_opt.producer_warpgroup = true;
-  const std::unique_ptr<mladcp::Backend> producer = mladcp::make_cuda_backend(producer_opt);
   mladcp::CudaBackendOptions fused_opt;
   fused_opt.fused_merge = true;
   const std::unique_ptr<mladcp::Backend> fused = mladcp::make_cuda_backend(fused_opt);
@@ -392,8 +387,6 @@ int main(int argc, char** argv) {
       policies.push_back({"mladcp-hopper-all", true, mladcp::SplitPolicy::kFillDevice, true, hopper_all.get()});
     else if (name == "loaded-queries")
       policies.push_back({"mladcp-loaded-queries", false, mladcp::SplitPolicy::kBatchInvariant, true, loaded.get()});
-    else if (name == "producer")
-      policies.push_back({"mladcp-producer", false, mladcp::SplitPolicy::kBatchInvariant, true, producer.get()});
     else if (name == "fused")
       policies.push_back({"mladcp-fused", false, mladcp::SplitPolicy::kBatchInvariant, true, fused.get()});
     else if (name == "fp8-fused")
@@ -408,7 +401,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "--policies: '%s' is not default, invariant, fill, nolse, splits, balanced, hopper-all, "
-                   "loaded-queries, producer, fused, fp8, fp8-fused, fp8-portable or fp8-all\n",
+                   "loaded-queries, fused, fp8, fp8-fused, fp8-portable or fp8-all\n",
                    name.c_str());
       return 2;
     }

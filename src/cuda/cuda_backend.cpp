@@ -233,7 +233,6 @@ class CudaBackend final : public Backend {
     k.sm90_fp8 = kc.sm90_fp8;
     k.sm_count = dev.sm_count;
     k.copy_queries = opt_.copy_queries;
-    k.sm90_producer_warpgroup = opt_.producer_warpgroup;
     k.q = static_cast<const uint16_t*>(p.q);
     k.q_stride_token = p.q_stride_token;
     k.q_stride_head = p.q_stride_head;

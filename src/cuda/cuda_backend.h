@@ -29,9 +29,6 @@ struct CudaBackendOptions {
   // The Hopper kernel on bf16 caches: a producer thread copies the query rows when they form one matrix (false: the
   // consumers load them, as for other layouts; comparisons).
   bool copy_queries = true;
-  // The Hopper 64-row kernel on bf16 caches: true runs the three-warpgroup form (a producer warpgroup issues the
-  // copies) instead of the two-warpgroup one (the consumers issue them); comparisons and tests.
-  bool producer_warpgroup = false;
   // true: the Hopper 64-row kernel merges a sequence's partial states itself where they are few (decode_plan.h,
   // kFusedMaxStates) instead of the combine kernel. Off by default: correct and bit-identical, but its merge is
   // still slower than the combine kernel (docs/perf/gpu-sm90-fused-merge-2026-12-02.md).

@@ -21,7 +21,6 @@ struct DecodeKernelParams {
   bool sm90_fp8 = false;     // 16- or 32-row fp8 CTAs run the Hopper fp8 kernel (sm90_decode.h)
   int sm_count = 0;          // the device's SMs (bounds the combine kernel's grid; 0: one CTA per 8 rows)
   bool copy_queries = true;  // Hopper kernel, bf16: query rows copied by the producer where they form one matrix
-  bool sm90_producer_warpgroup = false;  // Hopper 64-row kernel, bf16: the three-warpgroup kernel (else two)
 
   const uint16_t* q = nullptr;  // bf16
   int64_t q_stride_token = 0, q_stride_head = 0, q_stride_group = 0;

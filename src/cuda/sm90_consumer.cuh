@@ -1,6 +1,6 @@
-// The consumer warpgroups' pieces shared by the Hopper 64-row decode kernels (sm90_decode_kernel.cu: a producer
-// warpgroup fills the ring; sm90_decode_2wg_kernel.cu: the consumers issue the copies themselves): the wgmma
-// products of a tile, masking and softmax, P stored for the other warpgroup, the rows' epilogue.
+// The consumer warpgroups' pieces of the Hopper 64-row decode kernel (sm90_decode_kernel.cu; a producer warpgroup
+// fills the ring, sm90_decode_ring.cuh): the wgmma products of a tile, masking and softmax, P stored for the other
+// warpgroup, the rows' epilogue.
 // Every function is executed by whole warpgroups (wgmma) or warps (shuffles) of the consumers, whose rows are those
 // of the wgmma accumulator layout: rows 16·warp + lane/4 and + 8 of the warpgroup's 64.
 // Included by the sm_90a kernels only.

@@ -49,7 +49,6 @@
 #include "cuda/f16_scaling.h"
 #include "cuda/sm90_consumer.cuh"
 #include "cuda/sm90_decode.h"
-#include "cuda/sm90_decode_2wg.h"
 #include "cuda/sm90_decode_ring.cuh"
 #include "cuda/sm90_merge.cuh"
 #include "cuda/sm90_ptx.cuh"
@@ -507,13 +506,12 @@ bool sm90_decode_block_size_ok(int block_size) {
   return block_size == 16 || block_size == 32 || (block_size >= 64 && block_size % 64 == 0);
 }
 
-size_t sm90_decode_smem_bytes() { return std::max(size_t(Smem::total), sm90_2wg_decode_smem_bytes()); }
+size_t sm90_decode_smem_bytes() { return size_t(Smem::total); }
 
 cudaError_t set_sm90_decode_smem() {
   if (!encode_fn()) return cudaErrorNotSupported;
   cudaError_t e = cudaFuncSetAttribute(mla_decode_sm90_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(Smem::total));
-  if (e == cudaSuccess) e = set_sm90_2wg_decode_smem();
   if (e != cudaSuccess) return e;
   return cudaFuncSetAttribute(mla_decode_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(Smem::total));
@@ -568,8 +566,6 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
   cfg.attrs = attr;
   cfg.numAttrs = p.fused_merge || p.ws_merges != nullptr ? 1 : 0;
   if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true>, p, map, q_map, false);
-  // bf16: the two-warpgroup kernel, unless the producer warpgroup is asked for or the states are merged in the kernel.
-  if (!p.sm90_producer_warpgroup && !p.fused_merge) return launch_sm90_2wg_decode(p, map, q_map, q_copied, cfg);
   return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false>, p, map, q_map, q_copied);
 }
 

@@ -96,41 +96,6 @@ TEST(Sm90Decode, MatchesReference) {
   for (const synthetic::Config& cfg : hopper_shapes()) EXPECT_TRUE(matches_oracle(*hopper, cfg, "default"));
 }
 
-// bf16 calls run the two-warpgroup kernel by default (the consumers issue the copies); the three-warpgroup form with
-// a producer warpgroup (CudaBackendOptions::producer_warpgroup) is kept for comparisons, fp8 caches and the fused
-// merge: the same shapes on it, and on the two-warpgroup kernel with the consumers loading the query rows and under
-// the forced balanced schedule (segment after segment in one CTA: the ring runs on across them, empty ones between).
-TEST(Sm90Decode, ProducerWarpgroupOnTheSameShapes) {
-  MLADCP_SKIP_WITHOUT_GPU();
-  CudaBackendOptions o;
-  o.producer_warpgroup = true;
-  auto producer = make_cuda_backend(o);
-  for (const synthetic::Config& cfg : hopper_shapes()) EXPECT_TRUE(matches_oracle(*producer, cfg, "producer"));
-}
-
-TEST(Sm90Decode, TwoWarpgroupsLoadedQueriesAndBalanced) {
-  MLADCP_SKIP_WITHOUT_GPU();
-  CudaBackendOptions loaded;
-  loaded.copy_queries = false;
-  auto hopper_loaded = make_cuda_backend(loaded);
-  for (const synthetic::Config& cfg : hopper_shapes()) EXPECT_TRUE(matches_oracle(*hopper_loaded, cfg, "loaded"));
-  CudaBackendOptions b;
-  b.fill_schedule = cuda_plan::Schedule::kBalanced;
-  auto balanced = make_cuda_backend(b);
-  b.copy_queries = false;
-  auto balanced_loaded = make_cuda_backend(b);
-  const std::vector<synthetic::Config> cases = {
-      config(128, 1, 64, {0, 3, 65, 700, 2, 0, 0, 130, 900, 1, 64, 400, 0, 5, 333, 1000}, 230),
-      config(64, 2, 32, {129, 0, 1, 2100, 77, 0, 640}, 231),
-      config(32, 1, 16, {15, 0, 17, 2049, 3, 3, 300}, 232),
-      config(128, 1, 128, {127, 129, 4300, 0, 64}, 233, DType::kBF16, {2, 1, 16}),
-  };
-  for (const synthetic::Config& cfg : cases) {
-    EXPECT_TRUE(matches_oracle(*balanced, cfg, "balanced"));
-    EXPECT_TRUE(matches_oracle(*balanced_loaded, cfg, "balanced, loaded queries"));
-  }
-}
-
 TEST(Sm90Decode, PortableKernelOnTheSameShapes) {
   MLADCP_SKIP_WITHOUT_GPU();
   auto portable = cuda_backend(true);
