@@ -384,7 +384,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         MLADCP_PAIR_EVENT(kB2PvIssued);
         store_p<kFp8>(smem + Smem::pb, s, one, st, lane);
         fence_proxy_async();
-        named_bar_arrive(kBarPb, kConsumerThreads);
         MLADCP_PAIR_EVENT(kB3PbStored);
         // O_R += P_a·V_a,R once warpgroup 0 has stored P_a at m_b.
         named_bar_sync(kBarPa, kConsumerThreads);
@@ -393,6 +392,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
         issue_pv_smem<kFp8>(o, p_lo0, v_lo0 + kHalf, true);
         wgmma_commit();
+        // P_b handed over only now: warpgroup 0's P_b·V_b,L queues behind P_a·V_a,R, so stage 0's columns 4-8 are
+        // released before stage 1's columns 0-3 and the next tile a's copies get a product's time more.
+        named_bar_arrive(kBarPb, kConsumerThreads);
         MLADCP_PAIR_EVENT(kB5Pv2Issued);
         wgmma_wait<1>();
         MLADCP_PAIR_EVENT(kB6PvRetired);

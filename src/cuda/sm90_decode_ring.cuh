@@ -191,13 +191,13 @@ __device__ __forceinline__ void produce(const DecodeKernelParams& p, const CUten
     }
   };
   // Pairs of tiles (a in stage 0, b in stage 1), numbered across the CTA's segments (g): the ring runs on
-  // from one segment into the next. The consumers release a pair's stage halves in this order (measured with the
-  // pair trace, tools/gpu/run.sh timeline): a's columns 0-3 (after warpgroup 0's P_a·V_a,L), b's columns 4-8 (after
-  // warpgroup 1's P_b·V_b,R), b's columns 0-3 (after warpgroup 0's P_b·V_b,L), a's columns 4-8 (after warpgroup 1's
-  // P_a·V_a,R, which waits for m_b). bf16: one copying thread per stage (`stage` 0 or 1), each refilling its halves
-  // as they are released: one thread for both in a fixed order held the third behind the fourth, and each half
-  // takes the thread a few hundred cycles to issue. fp8 (`stage` -1): one thread, in the order above with a's
-  // columns 4-8 before b's 0-3, the order the converters take them.
+  // from one segment into the next. The consumers release a pair's stage halves in this order: a's columns 0-3
+  // (after warpgroup 0's P_a·V_a,L), b's columns 4-8 (after warpgroup 1's P_b·V_b,R), a's columns 4-8 (after
+  // warpgroup 1's P_a·V_a,R, which waits for m_b), b's columns 0-3 (after warpgroup 0's P_b·V_b,L, which P_b's
+  // hand-over holds behind P_a·V_a,R). bf16: one copying thread per stage (`stage` 0 or 1), each refilling its
+  // halves as they are released: one thread for both in a fixed order held a later half behind an earlier one,
+  // and each half takes the thread a few hundred cycles to issue. fp8 (`stage` -1): one thread, in that order,
+  // the order the converters take them.
   constexpr bool do_a = stage != 1, do_b = stage != 0;
   int64_t g = 0;
 #if MLADCP_SM90_TIMELINE
