@@ -78,7 +78,11 @@ enum PairEvent : int {
   kC3ReleasedB03,
   kPairEvents,
 };
-constexpr int kTraceCtas = 4, kTraceFirst = 8, kTraceWindow = 4;
+// The traced window starts at pair MLADCP_SM90_TRACE_FIRST (counted across the CTA's segments).
+#ifndef MLADCP_SM90_TRACE_FIRST
+#define MLADCP_SM90_TRACE_FIRST 8
+#endif
+constexpr int kTraceCtas = 4, kTraceFirst = MLADCP_SM90_TRACE_FIRST, kTraceWindow = 4;
 constexpr int kTraceBytes = kTraceWindow * kPairEvents * 4;  // the shared-memory window
 constexpr const char* kEventNames[] = {
     "a.start", "a.ma", "a.pv", "a.mb",  "a.pa",      "a.pv_done",  "a.pb",  "a.pv2_done", "a.k0",    "a.k1",
