@@ -42,8 +42,9 @@ struct DeviceState {
   size_t smem_optin = 0;
   size_t smem_per_sm = 0;  // shared memory of one SM (bounds the resident split CTAs)
   int sm_count = 0;
-  bool sm90 = false;      // compute capability 9.0 and the Hopper decode kernel is ready
-  bool sm90_fp8 = false;  // compute capability 9.0 and the Hopper fp8 decode kernel is ready
+  bool sm90 = false;        // compute capability 9.0 and the Hopper decode kernel is ready
+  bool sm90_fp8 = false;    // compute capability 9.0 and the Hopper fp8 decode kernel is ready
+  bool sm90_pairs = false;  // clusters of two Hopper decode CTAs fit (the pair merge)
 };
 
 Status device_state(int device, DeviceState* out) {
@@ -73,6 +74,7 @@ Status device_state(int device, DeviceState* out) {
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
         minor == 0 && cuda_impl::sm90_decode_smem_bytes() <= s->smem_optin)
       s->sm90 = cuda_impl::set_sm90_decode_smem() == cudaSuccess;
+    if (s->sm90) s->sm90_pairs = cuda_impl::sm90_pair_clusters_fit();
     if (s->status.ok() && major == 9 && minor == 0 && cuda_impl::sm90_fp8_decode_smem_bytes(32) <= s->smem_optin)
       s->sm90_fp8 = cuda_impl::set_sm90_fp8_decode_smem() == cudaSuccess;
     (void)cudaGetLastError();  // a failed probe leaves the portable kernels in charge
@@ -183,7 +185,8 @@ class CudaBackend final : public Backend {
     DeviceState dev;
     if (!current_device_state(&dev).ok()) return 0;  // decode() reports the device error
     const KernelChoice kc = choose_kernel(p, dev, opt_);
-    return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, schedule(kc), kc.sm90 && opt_.fused_merge)
+    return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, schedule(kc), kc.sm90 && opt_.fused_merge,
+                                kc.sm90 && dev.sm90_pairs && opt_.pair_merge)
         .workspace_bytes;
   }
 
@@ -203,7 +206,8 @@ class CudaBackend final : public Backend {
                                              " query rows needs ", kc.smem,
                                              " bytes of shared memory per block; this device allows ", dev.smem_optin));
     const cuda_plan::DecodePlan plan =
-        cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, schedule(kc), kc.sm90 && opt_.fused_merge);
+        cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, schedule(kc), kc.sm90 && opt_.fused_merge,
+                             kc.sm90 && dev.sm90_pairs && opt_.pair_merge);
     if (plan.grid > std::numeric_limits<int32_t>::max() ||
         int64_t(p.num_seqs) * plan.rows_per_seq > std::numeric_limits<int32_t>::max())
       return invalid("num_seqs=", p.num_seqs, ", max_seq_len=", p.max_seq_len, ": ", plan.grid,
@@ -261,6 +265,7 @@ class CudaBackend final : public Backend {
     k.lse_stride_token = p.lse_stride_token;
     k.lse_stride_group = p.lse_stride_group;
     k.shard = p.shard;
+    k.pair_merge = plan.pair_merge;
     if (plan.workspace_bytes > 0) {
       uint8_t* ws = static_cast<uint8_t*>(ctx.workspace);
       if (plan.parts > 0) k.ws_record = reinterpret_cast<cuda_plan::BalancedRecord*>(ws + plan.ws_record_offset);

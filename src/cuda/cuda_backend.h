@@ -33,6 +33,10 @@ struct CudaBackendOptions {
   // kFusedMaxStates) instead of the combine kernel. Off by default: correct and bit-identical, but its merge is
   // still slower than the combine kernel (docs/perf/gpu-sm90-fused-merge-2026-12-02.md).
   bool fused_merge = false;
+  // true: a split plan of two splits per sequence on the Hopper 64-row kernel runs each sequence's two split CTAs as a
+  // cluster that merges the two states in shared memory (decode_plan.h), with no workspace and no combine kernel; the
+  // same bits as the combine kernel. false: the combine kernel (comparisons, tests).
+  bool pair_merge = true;
 };
 
 // The layout rules of the cuda kernels for a call that passed validate_decode (p with default

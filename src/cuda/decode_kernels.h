@@ -61,6 +61,9 @@ struct DecodeKernelParams {
   // Balanced schedule with the combine kernel: set to 1 by the split kernel once a partial state is written (zeroed by
   // launch_decode before it; the combine kernel exits at once while it is 0).
   int* ws_merges = nullptr;
+  // Pair merge (the Hopper 64-row kernel, decode_plan.h): a split plan of two splits per sequence, CTA index split +
+  // 2 · (row chunk + row_chunks · sequence), launched in clusters of 2 that merge the two states; no combine kernel.
+  bool pair_merge = false;
 };
 
 // Dynamic shared memory of the split kernel for a shape (bytes).
@@ -70,7 +73,7 @@ size_t decode_smem_bytes(int rows_per_cta, bool fp8, int kv_stages);
 // device; not a stream operation, so safe before graph capture).
 Status prepare_decode_kernels(size_t max_smem_optin);
 
-// Launches the split kernel (and the combine kernel when max_splits > 1) on `stream`.
+// Launches the split kernel (and the combine kernel when max_splits > 1, unless the split kernel merges) on `stream`.
 Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* stream);
 
 }  // namespace mladcp::cuda_impl

@@ -256,6 +256,11 @@ inline BalancedChoice balanced_choice(int64_t num_seqs, int64_t row_chunks, int6
 // itself is still slower than the combine kernel).
 inline constexpr int kFusedMaxStates = 4;
 
+// The pair merge (Hopper 64-row kernel): a split plan of exactly two splits per sequence (max_splits == 2) runs the
+// two split CTAs of each (sequence, row chunk) as one cluster, and each CTA sends the partial state of the output
+// columns the other finishes (256 of the 512) through distributed shared memory: no state goes to the workspace and
+// no combine kernel runs. The arithmetic is the combine kernel's, bit for bit (sm90_pair_merge.cuh).
+
 struct DecodePlan {
   int rows_per_seq = 0;      // H · q_len
   int rows_per_cta = 16;     // 16, 32 or 64
@@ -266,6 +271,7 @@ struct DecodePlan {
   int parts = 0;             // > 0: the balanced schedule (grid = parts · row_chunks), else splits of split_len
   bool whole_short = false;  // balanced: sequences of at most one part's positions are never cut
   bool fused_merge = false;  // the split kernel merges the states (kFusedMaxStates), no combine kernel
+  bool pair_merge = false;   // two splits per sequence merged in a cluster of their two CTAs, no combine kernel
   size_t ws_record_offset = 0, ws_lse_offset = 0, ws_o_offset = 0;
   size_t ws_counter_offset = 0;  // fused merge: int [B][row_chunks], arrivals of partial states (zeroed per call)
   // Balanced schedule with the combine kernel: int, set by a CTA that writes a partial state (zeroed per call), so
@@ -282,8 +288,9 @@ inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // packing 16·q_len rows and leaving the rest empty); 0 = rows_per_cta(H · q_len). `schedule`: whether
 // kFillDevice takes the balanced schedule (only the Hopper kernels run it): never, where it pays, always.
 // `fused`: the kernel can merge the states itself (the Hopper 64-row kernel); taken where the states are few.
+// `pair`: the kernel can merge two splits in a cluster (the Hopper 64-row kernel); taken by split plans of two.
 inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta_rows = 0,
-                            Schedule schedule = Schedule::kSplits, bool fused = false) {
+                            Schedule schedule = Schedule::kSplits, bool fused = false, bool pair = false) {
   DecodePlan plan;
   plan.rows_per_seq = p.num_heads * p.q_len;
   plan.rows_per_cta = cta_rows > 0 ? cta_rows : rows_per_cta(plan.rows_per_seq);
@@ -309,6 +316,8 @@ inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta
     plan.ws_lse_offset = align_up(size_t(p.num_seqs) * size_t(plan.row_chunks) * sizeof(BalancedRecord), 256);
     plan.ws_o_offset = align_up(plan.ws_lse_offset + states * sizeof(float), 256);
     plan.workspace_bytes = plan.ws_o_offset + states * size_t(kLatentDim) * sizeof(float);
+  } else if (plan.max_splits == 2 && pair) {
+    plan.pair_merge = true;  // no workspace: the states stay in the cluster's shared memory
   } else if (plan.max_splits > 1) {
     const size_t states = size_t(p.num_seqs) * size_t(plan.max_splits) * size_t(plan.rows_per_seq);
     plan.fused_merge = fused && plan.max_splits <= kFusedMaxStates;

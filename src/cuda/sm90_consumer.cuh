@@ -377,80 +377,100 @@ __device__ __forceinline__ void publish_row_sums(RowState& st, float* red, int w
   }
 }
 
+// This thread's part of final row r (of the CTA's 64; token t, head h) in its warpgroup's 256 columns: val(j) is
+// column pair j (columns 256·wg + 2·(lane % 4) + 8j, + 1). fp32 output straight to `out`; bf16 staged in q_s (its
+// queries are no longer read) for flush_staged_rows; zeros straight to `out` for a segment without keys (q_s may be
+// receiving the next segment's queries).
+template <class Val>
+__device__ __forceinline__ void write_final_row(const DecodeKernelParams& p, int64_t t, int h, int r, bool staged,
+                                                uint8_t* q_s, int wg, int lane, const Val& val) {
+  const int64_t ob = out_elem(p, t, h) + 256 * wg + 2 * (lane & 3);
+  if (p.out_fp32) {
+    float* dst = static_cast<float*>(p.out) + ob;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + j * 8) = val(j);
+  } else if (staged) {
+    uint8_t* const row = q_s + wg * kStagedHalfBytes + r * kStagedPitch;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const float2 v = val(j);
+      *reinterpret_cast<uint32_t*>(row + (j << 4) + 4 * (lane & 3)) = pack_bf16(v.x, v.y);
+    }
+  } else {
+    uint16_t* dst = static_cast<uint16_t*>(p.out) + ob;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) *reinterpret_cast<uint32_t*>(dst + j * 8) = 0u;
+  }
+}
+
+// The staged bf16 rows of this warp (its 16 rows of the sequence's chunk at row0) out of q_s, one bulk copy per
+// 512-byte row half, issued by lanes 0-15 (accumulator-layout stores of 4 bytes leave half sectors, which the
+// memory system completes with a read; 16-byte stores by the threads kept the warps in the epilogue for several
+// µs). No warpgroup barrier: a warp writes and sends only its own rows.
+__device__ __forceinline__ void flush_staged_rows(const DecodeKernelParams& p, int seq, int row0, uint8_t* q_s, int wg,
+                                                  int lane) {
+  const int wi = (threadIdx.x >> 5) & 3;
+  fence_proxy_async();
+  __syncwarp();
+  if (lane < 16) {
+    const int r = 16 * wi + lane;
+    const int grow = row0 + r;
+    if (grow < p.rows_per_seq) {
+      const int i = grow / p.num_heads, h = grow - i * p.num_heads;
+      const int64_t t = int64_t(seq) * p.q_len + i;
+      bulk_store(static_cast<uint16_t*>(p.out) + out_elem(p, t, h) + 256 * wg,
+                 smem_addr(q_s + wg * kStagedHalfBytes + r * kStagedPitch), 512);
+    }
+    bulk_store_commit_and_wait_read();
+  }
+  __syncwarp();
+}
+
+// Row r's base-2 LSE and the factor that normalizes its output (both 0-row safe: l = 0 gives -inf and 0).
+struct RowEnd {
+  float lse2, inv;
+};
+__device__ __forceinline__ RowEnd row_end(const DecodeKernelParams& p, const RowState& st, const float* red, int hh) {
+  const int r = st.rs[hh];
+  const float l = red[256 + r] + red[320 + r];
+  return {l > 0.0f ? st.m[hh] + log2f(l) : -INFINITY, l > 0.0f ? p.out_scale / l : 0.0f};
+}
+
 // The segment's rows of this thread, after both warpgroups' row sums are in red: the final output and LSE (one
 // segment covers the sequence), or the partial state. bf16 output of a segment with keys (staged) goes through q_s
-// (its queries are no longer read) and out as one bulk copy per 512-byte row half, issued by lanes 0-15 of each
-// warp for its own 16 rows (accumulator-layout stores of 4 bytes leave half sectors, which the memory system
-// completes with a read; 16-byte stores by the threads kept the warps in the epilogue for several µs). No
-// warpgroup barrier: a warp writes and sends only its own rows; q_s may be written again once the warp is past this.
+// and out as bulk copies (flush_staged_rows); q_s may be written again once the warp is past this.
 __device__ __forceinline__ void write_rows(const DecodeKernelParams& p, const CtaWork& w, const RowState& st,
                                            const float (&o)[128], const float* red, uint8_t* q_s, bool staged, int wg,
                                            int lane) {
-  const int wi = (threadIdx.x >> 5) & 3;
   const bool direct = w.direct;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = st.rs[hh];
     const int grow = w.row0 + r;
     if (grow >= p.rows_per_seq) continue;
-    const float l = red[256 + r] + red[320 + r];
-    const float m = st.m[hh];
-    const float lse2 = l > 0.0f ? m + log2f(l) : -INFINITY;
-    const float inv = l > 0.0f ? p.out_scale / l : 0.0f;
+    const RowEnd end = row_end(p, st, red, hh);
     // Column pair j of this row, normalized (no tile: O was never written, the row is 0). O is only read
     // here: a non-wgmma definition of an accumulator would serialize every wgmma of the kernel.
     const bool none = w.ntiles == 0;
     auto val = [&](int j) {
-      return make_float2(none ? 0.0f : o[4 * j + 2 * hh] * inv, none ? 0.0f : o[4 * j + 2 * hh + 1] * inv);
+      return make_float2(none ? 0.0f : o[4 * j + 2 * hh] * end.inv, none ? 0.0f : o[4 * j + 2 * hh + 1] * end.inv);
     };
     const int i = grow / p.num_heads, h = grow - i * p.num_heads;
     const int64_t t = int64_t(w.seq) * p.q_len + i;
-    const int col0 = 256 * wg + 2 * (lane & 3);
     if (direct) {
-      const int64_t ob = out_elem(p, t, h) + col0;
-      if (p.out_fp32) {
-        float* dst = static_cast<float*>(p.out) + ob;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + j * 8) = val(j);
-      } else if (staged) {
-        uint8_t* const row = q_s + wg * kStagedHalfBytes + r * kStagedPitch;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const float2 v = val(j);
-          *reinterpret_cast<uint32_t*>(row + (j << 4) + 4 * (lane & 3)) = pack_bf16(v.x, v.y);
-        }
-      } else {  // no keys: zeros (q_s may be receiving the next segment's queries)
-        uint16_t* dst = static_cast<uint16_t*>(p.out) + ob;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) *reinterpret_cast<uint32_t*>(dst + j * 8) = 0u;
-      }
+      write_final_row(p, t, h, r, staged, q_s, wg, lane, val);
       if (p.lse && wg == 0 && (lane & 3) == 0)
-        p.lse[lse_elem(p, t, h)] = lse::convert(lse2, LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
+        p.lse[lse_elem(p, t, h)] = lse::convert(end.lse2, LseBase::k2, p.lse_base2 ? LseBase::k2 : LseBase::kE);
     } else {
       const int64_t state = w.state_block * p.rows_per_seq + grow;
-      float* dst = p.ws_o + state * kLatentDim + col0;
+      float* dst = p.ws_o + state * kLatentDim + 256 * wg + 2 * (lane & 3);
       const uint64_t keep = evict_last_policy();
 #pragma unroll
       for (int j = 0; j < 32; ++j) store_evict_last(reinterpret_cast<float2*>(dst + j * 8), val(j), keep);
-      if (wg == 0 && (lane & 3) == 0) store_evict_last(p.ws_lse + state, lse2, keep);
+      if (wg == 0 && (lane & 3) == 0) store_evict_last(p.ws_lse + state, end.lse2, keep);
     }
   }
-  if (staged) {
-    fence_proxy_async();
-    __syncwarp();
-    if (lane < 16) {
-      const int r = 16 * wi + lane;
-      const int grow = w.row0 + r;
-      if (grow < p.rows_per_seq) {
-        const int i = grow / p.num_heads, h = grow - i * p.num_heads;
-        const int64_t t = int64_t(w.seq) * p.q_len + i;
-        bulk_store(static_cast<uint16_t*>(p.out) + out_elem(p, t, h) + 256 * wg,
-                   smem_addr(q_s + wg * kStagedHalfBytes + r * kStagedPitch), 512);
-      }
-      bulk_store_commit_and_wait_read();
-    }
-    __syncwarp();
-  }
+  if (staged) flush_staged_rows(p, w.seq, w.row0, q_s, wg, lane);
 }
 
 }  // namespace mladcp::cuda_impl::sm90_consumer

@@ -3,9 +3,10 @@
 //
 // Same contract and combine as the portable kernel (decode_kernel.cuh). Split plan: one CTA = one (sequence,
 // chunk of 64 query rows, split of local keys); a single-split sequence writes out/lse directly, otherwise the
-// CTA writes the normalized fp32 partial state for the combine kernel. Balanced schedule (decode_plan.h): one
-// CTA = one (part, chunk of 64 query rows), running the pieces of its part one sequence after the other, each
-// written directly or as the part's partial state of that sequence (slot 0 or 1) with a merge record.
+// CTA writes the normalized fp32 partial state for the combine kernel (a plan of two splits per sequence: the two
+// CTAs, a cluster, merge their states in shared memory instead; sm90_pair_merge.cuh). Balanced schedule
+// (decode_plan.h): one CTA = one (part, chunk of 64 query rows), running the pieces of its part one sequence after the
+// other, each written directly or as the part's partial state of that sequence (slot 0 or 1) with a merge record.
 //
 // Threads: three warpgroups (384).
 //   warpgroup 2, the producer: two threads (one per stage; fp8: one) read the block table and issue bulk tensor
@@ -32,6 +33,7 @@
 //   seg  SegmentState                        the consumers' current and next piece of work (balanced
 //                                            schedule: several sequences per CTA)
 //   q_full[9], q_empty mbarriers             a copied query block landed; q_s released by the consumers
+//   pair[3] mbarriers                        pair merge: the other CTA's ring free, its state landed, ours received
 // Byte (r, chunk c) of a [9][64][128 B] tile: (c / 8) · 8192 + r · 128 + ((c % 8) ^ (r % 8)) · 16, the
 // layout the copy engine writes with CU_TENSOR_MAP_SWIZZLE_128B.
 #include <cuda.h>
@@ -51,6 +53,7 @@
 #include "cuda/sm90_decode.h"
 #include "cuda/sm90_decode_ring.cuh"
 #include "cuda/sm90_merge.cuh"
+#include "cuda/sm90_pair_merge.cuh"
 #include "cuda/sm90_ptx.cuh"
 
 namespace mladcp::cuda_impl {
@@ -105,6 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kSubTiles; ++i) mbar_init(smem_addr(smem + Smem::q_full) + 8 * i, 1);
     mbar_init(smem_addr(smem + Smem::q_empty), 8);   // one arrival per consumer warp
     mbar_init(smem_addr(smem + Smem::merge_go), 1);  // fused merge: consumer thread 0 publishes the jobs
+    sm90_pair_merge::init_barriers(smem);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #if MLADCP_SM90_TIMELINE
     sm90_timeline::trace_clear(Smem::trace);
@@ -113,6 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (segs.balanced)
     segs.cur = sm90_segments::balanced_start<kThreads>(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red));
   __syncthreads();
+  if (p.pair_merge) sm90_pair_merge::cluster_arrive_relaxed();  // waited for before the first remote access
   if (tid == 0) {
     MLADCP_TIMELINE(kSetup);
     MLADCP_TIMELINE_SET(kSm, sm90_timeline::smid());
@@ -425,7 +430,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_bar_sync(kBarConsumers, kConsumerThreads);
     if (tid == 0) MLADCP_TIMELINE(kRowSums);
     const bool direct = w.direct;
-    write_rows(p, w, st, o, red, q_s, staged, wg, lane);
+    if (p.pair_merge && !direct)
+      sm90_pair_merge::merge_pair(p, w, st, o, red, smem, wg, lane);
+    else
+      write_rows(p, w, st, o, red, q_s, staged, wg, lane);
     if (staged && q_copied) {  // q_s free again: the producer may copy the next segment's queries
       __syncwarp();
       if (lane == 0) mbar_arrive(smem_addr(smem + Smem::q_empty));
@@ -519,6 +527,22 @@ cudaError_t set_sm90_decode_smem() {
                               int(Smem::total));
 }
 
+bool sm90_pair_clusters_fit() {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(2);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(Smem::total);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim = {2, 1, 1};
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  for (const auto kernel : {mla_decode_sm90_kernel<false>, mla_decode_sm90_kernel<true>})
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) return false;
+  return true;
+}
+
 cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, cudaStream_t stream) {
   // The paged cache as a 3-D tensor [num_blocks][block_size][576] with the caller's strides; one box = 64 dims ×
   // min(64, block_size) keys of one page: bf16 written 128-byte swizzled (a ring block), fp8 unswizzled
@@ -562,11 +586,17 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = size_t(Smem::total);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  // Pair merge: clusters of the two split CTAs of a (sequence, row chunk) (sm90_pair_merge.cuh).
+  cudaLaunchAttribute attr[2];
   cfg.attrs = attr;
-  cfg.numAttrs = p.fused_merge || p.ws_merges != nullptr ? 1 : 0;
+  if (p.fused_merge || p.ws_merges != nullptr) {
+    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (p.pair_merge) {
+    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attr[cfg.numAttrs++].val.clusterDim = {2, 1, 1};
+  }
   if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true>, p, map, q_map, false);
   return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false>, p, map, q_map, q_copied);
 }

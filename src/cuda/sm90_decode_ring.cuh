@@ -66,11 +66,12 @@ struct Smem {
   static constexpr int q_full = seg + 256;                // [9] u64: a query column block landed (copied queries)
   static constexpr int q_empty = q_full + kSubTiles * 8;  // u64: the consumers' last scores of a segment retired
   static constexpr int merge_go = q_empty + 8;            // u64: fused merge, the jobs published (sm90_merge.cuh)
+  static constexpr int pair = merge_go + 8;               // [3] u64: pair merge (sm90_pair_merge.cuh)
 #if MLADCP_SM90_TIMELINE
-  static constexpr int trace = merge_go + 8;  // the pair trace's window (sm90_timeline.cuh)
+  static constexpr int trace = pair + 3 * 8;  // the pair trace's window (sm90_timeline.cuh)
   static constexpr int total = trace + sm90_timeline::kTraceBytes;
 #else
-  static constexpr int total = merge_go + 8;
+  static constexpr int total = pair + 3 * 8;
 #endif
 };
 static_assert(Smem::total <= 227 * 1024, "shared memory of one Hopper CTA");

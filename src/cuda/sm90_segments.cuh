@@ -78,11 +78,19 @@ struct Segments {
   }
 };
 
-// This CTA's segments, from its index (row chunk, then split and sequence, or part). False where its split lies past
-// its sequence's splits: the CTA has nothing to do (split schedule; the grid is sized from max_seq_len).
+// This CTA's segments, from its index (row chunk, then split and sequence, or part; the pair merge: split, then row
+// chunk and sequence, so that a cluster of two holds a sequence's two splits). False where its split lies past its
+// sequence's splits: the CTA has nothing to do (split schedule; the grid is sized from max_seq_len).
 template <int kRows>
 __device__ __forceinline__ bool cta_segments(const DecodeKernelParams& p, Segments<kRows>& segs) {
   segs.balanced = p.parts > 0;
+  if (p.pair_merge) {
+    segs.split = int(blockIdx.x & 1);
+    segs.rc = int((blockIdx.x >> 1) % p.row_chunks);
+    segs.seq = int((blockIdx.x >> 1) / p.row_chunks);
+    segs.part = 0;
+    return segs.split < cuda_plan::num_splits(local_keys(p, clamped_len(p, segs.seq)), p.split_len);
+  }
   segs.rc = int(blockIdx.x % p.row_chunks);
   const int64_t rest = blockIdx.x / p.row_chunks;
   segs.part = segs.balanced ? int(rest) : 0;

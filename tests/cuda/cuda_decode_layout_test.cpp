@@ -305,7 +305,7 @@ TEST(CudaDecode, OutOfRangeBlockIdsSkipped) {
 TEST(CudaDecode, ArgumentErrorsWriteNothing) {
   MLADCP_SKIP_WITHOUT_GPU();
   const int H = 16;
-  const synthetic::Problem prob = make_problem(config(H, 1, 64, {2100, 5}, 81));
+  const synthetic::Problem prob = make_problem(config(H, 1, 64, {4200, 5}, 81));  // three splits: a workspace
   DeviceProblem dev(prob);
   auto cuda = make_backend("cuda");
   const size_t T = size_t(prob.num_tokens());

@@ -28,6 +28,33 @@ MlaDecodeParams plan_params(int seqs, int heads, int q_len, int max_seq_len, Dcp
 
 // ---- planner ------------------------------------------------------------------------------------
 
+// The pair merge takes exactly the split plans of two splits per sequence where the kernel can run it, and needs
+// no workspace there.
+TEST(SplitPolicyPlan, PairMergeTakesPlansOfTwoSplits) {
+  using cuda_plan::Schedule;
+  MlaDecodeParams inv = plan_params(8, 128, 1, 4096);
+  inv.split_policy = SplitPolicy::kBatchInvariant;
+  const cuda_plan::DecodePlan two = cuda_plan::make_plan(inv, 132, 64, Schedule::kSplits, false, true);
+  EXPECT_TRUE(two.pair_merge);
+  EXPECT_EQ(two.max_splits, 2);
+  EXPECT_EQ(two.grid, 8 * 2 * 2);
+  EXPECT_EQ(two.workspace_bytes, 0u);
+  EXPECT_FALSE(cuda_plan::make_plan(inv, 132, 64, Schedule::kSplits, false, false).pair_merge);
+  EXPECT_GT(cuda_plan::make_plan(inv, 132, 64, Schedule::kSplits, false, false).workspace_bytes, 0u);
+  inv.max_seq_len = 4097;  // three splits
+  EXPECT_FALSE(cuda_plan::make_plan(inv, 132, 64, Schedule::kSplits, false, true).pair_merge);
+  inv.max_seq_len = 2048;  // one
+  EXPECT_FALSE(cuda_plan::make_plan(inv, 132, 64, Schedule::kSplits, false, true).pair_merge);
+  // kFillDevice: 32 sequences of 4K at 128 heads take two splits of 2048 (one wave of 128 CTAs); the fused merge
+  // asked for as well leaves them to the pair merge; the balanced schedule has no pairs.
+  const MlaDecodeParams fill = plan_params(32, 128, 1, 4096);
+  const cuda_plan::DecodePlan f = cuda_plan::make_plan(fill, 132, 64, Schedule::kAuto, true, true);
+  EXPECT_TRUE(f.pair_merge);
+  EXPECT_FALSE(f.fused_merge);
+  EXPECT_EQ(f.split_len, 2048);
+  EXPECT_FALSE(cuda_plan::make_plan(fill, 132, 64, Schedule::kBalanced, false, true).pair_merge);
+}
+
 TEST(SplitPolicyPlan, FillDeviceSplitsFewLongSequences) {
   // One 32K sequence on a DCP rank of two (16K local keys), 128 gathered heads: 2 row chunks.
   MlaDecodeParams p = plan_params(1, 128, 1, 32768, {2, 0, 1});
@@ -370,6 +397,59 @@ TEST(SplitPolicy, FusedMergeMatchesCombineBitwise) {
       const char* what = schedule == cuda_plan::Schedule::kBalanced ? "balanced" : "splits";
       EXPECT_EQ(out_bytes[0], out_bytes[1]) << describe(cfg) << " (" << what << "): out differs between the merges";
       EXPECT_EQ(lse_bytes[0], lse_bytes[1]) << describe(cfg) << " (" << what << "): lse differs between the merges";
+    }
+  }
+}
+
+// The pair merge (a split plan of two splits per sequence on the Hopper 64-row kernel: each sequence's two split
+// CTAs run as a cluster and merge their states in shared memory) against the oracle, and bit for bit against the
+// combine kernel on the same plan (batch invariance across the two merges): both policies, sequences of one and two
+// splits and empty ones, 16-128 heads, q_len 2, pages of 16-64 keys, fp8, a DCP shard, bf16 and fp32 outputs.
+TEST(SplitPolicy, PairMergeMatchesCombineBitwise) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  const std::vector<int> lens = {4096, 3001, 2049, 2048, 1, 0, 4000, 17, 2111};
+  std::vector<int> wide(32);  // kFillDevice: two splits of 2048 fill one wave at 128 heads (64 CTAs per split index)
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = int(4096 - (i * 389) % 4000);
+  wide[5] = 0;
+  wide[9] = 2048;
+  const std::vector<synthetic::Config> cfgs = {
+      config(128, 1, 64, lens, 41),
+      config(64, 2, 32, lens, 42),
+      config(16, 1, 64, lens, 43),
+      config(128, 1, 64, lens, 44, DType::kFP8E4M3),
+      config(128, 1, 16, {8192, 6000, 4097, 30, 0, 4200}, 45, DType::kBF16, {2, 1, 1}),
+      config(128, 1, 64, wide, 46)};
+  for (const synthetic::Config& cfg : cfgs) {
+    const synthetic::Problem prob = make_problem(cfg);
+    const DecodeBuffers want = expected_decode(prob, LseBase::kE);
+    const DeviceProblem dev(prob);
+    const size_t T = size_t(prob.num_tokens()), H = size_t(cfg.num_heads);
+    const bool fill_is_pair = cfg.seq_lens.size() == wide.size();
+    for (const SplitPolicy policy : {SplitPolicy::kBatchInvariant, SplitPolicy::kFillDevice}) {
+      if (policy == SplitPolicy::kFillDevice && !fill_is_pair) continue;  // many short splits there: no pair
+      for (const DType out_dtype : {DType::kBF16, DType::kFP32}) {
+        std::vector<uint8_t> out_bytes[2], lse_bytes[2];
+        for (const bool pair : {false, true}) {
+          CudaBackendOptions o;
+          o.pair_merge = pair;
+          o.fill_schedule = cuda_plan::Schedule::kSplits;
+          auto cuda = make_cuda_backend(o);
+          const std::string what = describe(cfg) + (policy == SplitPolicy::kFillDevice ? " fill" : " invariant") +
+                                   " out=" + dtype_name(out_dtype) + (pair ? " pair merge" : " combine kernel");
+          EXPECT_TRUE(device_decode_matches(*cuda, prob, dev, want, out_dtype, LseBase::k2, what,
+                                            [&](MlaDecodeParams& p) { p.split_policy = policy; }));
+          GuardedBuffer out(out_dtype, T * H * kLatentDim), lse(DType::kFP32, T * H);
+          MlaDecodeParams p = dev.params(prob, out.data(), out_dtype, lse.as<float>(), LseBase::kE);
+          p.split_policy = policy;
+          if (policy == SplitPolicy::kFillDevice && pair)
+            EXPECT_EQ(cuda->workspace_bytes(p), 0u) << what << ": not planned as a pair merge";
+          MLADCP_ASSERT_OK(run_device_decode(*cuda, p));
+          ASSERT_TRUE(out.download(&out_bytes[pair]));
+          ASSERT_TRUE(lse.download(&lse_bytes[pair]));
+        }
+        EXPECT_EQ(out_bytes[0], out_bytes[1]) << describe(cfg) << ": out differs between the merges";
+        EXPECT_EQ(lse_bytes[0], lse_bytes[1]) << describe(cfg) << ": lse differs between the merges";
+      }
     }
   }
 }
