@@ -79,8 +79,9 @@ static_assert(sizeof(SegmentState) <= 256, "Smem::seg");
 
 // kFp8: an fp8-e4m3 cache (kv_map over its bytes), converted in the ring by the producer warpgroup; else bf16.
 // q_copied: the producer copies the query rows through q_map (bf16 caches whose query rows form one matrix); else
-// the consumers load them.
-template <bool kFp8>
+// the consumers load them. kPair: the pair merge (p.pair_merge, launched in clusters of 2); its own instantiation, so
+// that the kernels of the other plans carry none of its code.
+template <bool kFp8, bool kPair>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90_kernel(const DecodeKernelParams p, const __grid_constant__ CUtensorMap kv_map,
                            const __grid_constant__ CUtensorMap q_map, bool q_copied) {
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kSubTiles; ++i) mbar_init(smem_addr(smem + Smem::q_full) + 8 * i, 1);
     mbar_init(smem_addr(smem + Smem::q_empty), 8);   // one arrival per consumer warp
     mbar_init(smem_addr(smem + Smem::merge_go), 1);  // fused merge: consumer thread 0 publishes the jobs
-    sm90_pair_merge::init_barriers(smem);
+    if (kPair) sm90_pair_merge::init_barriers(smem);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #if MLADCP_SM90_TIMELINE
     sm90_timeline::trace_clear(Smem::trace);
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (segs.balanced)
     segs.cur = sm90_segments::balanced_start<kThreads>(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red));
   __syncthreads();
-  if (p.pair_merge) sm90_pair_merge::cluster_arrive_relaxed();  // waited for before the first remote access
+  if (kPair) sm90_pair_merge::cluster_arrive_relaxed();  // waited for before the first remote access
   if (tid == 0) {
     MLADCP_TIMELINE(kSetup);
     MLADCP_TIMELINE_SET(kSm, sm90_timeline::smid());
@@ -430,10 +431,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_bar_sync(kBarConsumers, kConsumerThreads);
     if (tid == 0) MLADCP_TIMELINE(kRowSums);
     const bool direct = w.direct;
-    if (p.pair_merge && !direct)
-      sm90_pair_merge::merge_pair(p, w, st, o, red, smem, wg, lane);
-    else
+    if constexpr (kPair) {
+      if (!direct)
+        sm90_pair_merge::merge_pair(p, w, st, o, red, smem, wg, lane);
+      else
+        write_rows(p, w, st, o, red, q_s, staged, wg, lane);
+    } else {
       write_rows(p, w, st, o, red, q_s, staged, wg, lane);
+    }
     if (staged && q_copied) {  // q_s free again: the producer may copy the next segment's queries
       __syncwarp();
       if (lane == 0) mbar_arrive(smem_addr(smem + Smem::q_empty));
@@ -520,11 +525,12 @@ size_t sm90_decode_smem_bytes() { return size_t(Smem::total); }
 
 cudaError_t set_sm90_decode_smem() {
   if (!encode_fn()) return cudaErrorNotSupported;
-  cudaError_t e = cudaFuncSetAttribute(mla_decode_sm90_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(Smem::total));
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(mla_decode_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              int(Smem::total));
+  for (const auto kernel : {mla_decode_sm90_kernel<false, false>, mla_decode_sm90_kernel<false, true>,
+                            mla_decode_sm90_kernel<true, false>, mla_decode_sm90_kernel<true, true>}) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::total));
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 bool sm90_pair_clusters_fit() {
@@ -538,7 +544,7 @@ bool sm90_pair_clusters_fit() {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int clusters = 0;
-  for (const auto kernel : {mla_decode_sm90_kernel<false>, mla_decode_sm90_kernel<true>})
+  for (const auto kernel : {mla_decode_sm90_kernel<false, true>, mla_decode_sm90_kernel<true, true>})
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) return false;
   return true;
 }
@@ -597,8 +603,12 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
     attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
     attr[cfg.numAttrs++].val.clusterDim = {2, 1, 1};
   }
-  if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true>, p, map, q_map, false);
-  return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false>, p, map, q_map, q_copied);
+  if (p.pair_merge) {
+    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, true>, p, map, q_map, false);
+    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, true>, p, map, q_map, q_copied);
+  }
+  if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, false>, p, map, q_map, false);
+  return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, false>, p, map, q_map, q_copied);
 }
 
 }  // namespace mladcp::cuda_impl
