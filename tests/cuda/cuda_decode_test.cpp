@@ -122,6 +122,8 @@ TEST(CudaSanitize, DecodeSmallShapes) {
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(16, 1, 32, {0, 3, 130}, 18, DType::kFP8E4M3)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(64, 2, 32, {2, 200}, 13)));
   EXPECT_TRUE(matches_oracle_on_device(*cuda, config(16, 3, 64, {3, 150}, 14, DType::kBF16, {2, 1, 2})));
+  // The pair merge (two splits per sequence: clusters of two Hopper CTAs), 16 and 256 rows, one sequence of one split.
+  EXPECT_TRUE(matches_oracle_on_device(*cuda, config(128, 2, 64, {2100, 0, 4000, 3}, 27)));
   // The Hopper kernel's balanced schedule, forced (several sequences per part, a sequence over parts).
   CudaBackendOptions o;
   o.fill_schedule = cuda_plan::Schedule::kBalanced;

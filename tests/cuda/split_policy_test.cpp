@@ -408,13 +408,14 @@ TEST(SplitPolicy, FusedMergeMatchesCombineBitwise) {
 TEST(SplitPolicy, PairMergeMatchesCombineBitwise) {
   MLADCP_SKIP_WITHOUT_GPU();
   const std::vector<int> lens = {4096, 3001, 2049, 2048, 1, 0, 4000, 17, 2111};
+  const std::vector<int> lens_q2 = {4096, 3001, 2049, 2048, 2, 0, 4000, 17, 2111};  // q_len 2: at least 2 tokens
   std::vector<int> wide(32);  // kFillDevice: two splits of 2048 fill one wave at 128 heads (64 CTAs per split index)
   for (size_t i = 0; i < wide.size(); ++i) wide[i] = int(4096 - (i * 389) % 4000);
   wide[5] = 0;
   wide[9] = 2048;
   const std::vector<synthetic::Config> cfgs = {
       config(128, 1, 64, lens, 41),
-      config(64, 2, 32, lens, 42),
+      config(64, 2, 32, lens_q2, 42),
       config(16, 1, 64, lens, 43),
       config(128, 1, 64, lens, 44, DType::kFP8E4M3),
       config(128, 1, 16, {8192, 6000, 4097, 30, 0, 4200}, 45, DType::kBF16, {2, 1, 1}),
