@@ -185,9 +185,7 @@ class CudaBackend final : public Backend {
     DeviceState dev;
     if (!current_device_state(&dev).ok()) return 0;  // decode() reports the device error
     const KernelChoice kc = choose_kernel(p, dev, opt_);
-    return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, schedule(kc), kc.sm90 && opt_.fused_merge,
-                                kc.sm90 && dev.sm90_pairs && opt_.pair_merge)
-        .workspace_bytes;
+    return plan_on_device(p, kc, dev).workspace_bytes;
   }
 
   Status decode(const MlaDecodeParams& in, const ExecContext& ctx) override {
@@ -205,9 +203,7 @@ class CudaBackend final : public Backend {
                                              ", kv_dtype=", dtype_name(p.kv_dtype), ": the kernel for ", rows,
                                              " query rows needs ", kc.smem,
                                              " bytes of shared memory per block; this device allows ", dev.smem_optin));
-    const cuda_plan::DecodePlan plan =
-        cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, schedule(kc), kc.sm90 && opt_.fused_merge,
-                             kc.sm90 && dev.sm90_pairs && opt_.pair_merge);
+    const cuda_plan::DecodePlan plan = plan_on_device(p, kc, dev);
     if (plan.grid > std::numeric_limits<int32_t>::max() ||
         int64_t(p.num_seqs) * plan.rows_per_seq > std::numeric_limits<int32_t>::max())
       return invalid("num_seqs=", p.num_seqs, ", max_seq_len=", p.max_seq_len, ": ", plan.grid,
@@ -294,6 +290,13 @@ class CudaBackend final : public Backend {
   cuda_plan::Schedule schedule(const KernelChoice& kc) const {
     if (kc.sm90_fp8 && opt_.fill_schedule == cuda_plan::Schedule::kAuto) return cuda_plan::Schedule::kAutoManyWaves;
     return kc.sm90 || kc.sm90_fp8 ? opt_.fill_schedule : cuda_plan::Schedule::kSplits;
+  }
+
+  // The plan of a call on this device for kernel `kc` (the same in workspace_bytes and decode): the fused and pair
+  // merges only on the Hopper 64-row kernel, the pair merge only where its clusters fit.
+  cuda_plan::DecodePlan plan_on_device(const MlaDecodeParams& p, const KernelChoice& kc, const DeviceState& dev) const {
+    return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, schedule(kc), kc.sm90 && opt_.fused_merge,
+                                kc.sm90 && dev.sm90_pairs && opt_.pair_merge);
   }
 
   BackendCapabilities caps_;

@@ -67,6 +67,7 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 __device__ __forceinline__ void remote_arrive(uint32_t cluster_bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
 }
+// mbar_wait (sm90_ptx.cuh) with acquire at cluster scope: the awaited arrivals and stores come from the other CTA.
 __device__ __forceinline__ void wait_cluster(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\n"
