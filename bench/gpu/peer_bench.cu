@@ -33,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -189,6 +190,19 @@ void print_timeline(mladcp::Backend& be, const mladcp::MlaDecodeParams& p, const
   }
   if (comb[1] != 0) std::printf(" combine=%.2f..%.2f", us(comb[0], spin_end), us(comb[1], spin_end));
   std::printf("\n");
+  // MLADCP_TIMELINE_CTAS=1: every CTA's own line (start after the spin kernel, the points after the CTA's start).
+  if (const char* e = std::getenv("MLADCP_TIMELINE_CTAS"); e != nullptr && e[0] == '1')
+    for (int b = 0; b < tl::kCtas; ++b) {
+      const uint64_t* t = &pts[size_t(b) * tl::kPoints];
+      if (t[tl::kStart] == 0 || t[tl::kSetup] == 0) continue;
+      auto at = [&](int i) { return t[i] ? us(t[i], t[tl::kStart]) : -1.0; };
+      std::printf(
+          "TLCTA %s %d %d %d %d %s cta=%d sm=%d pieces=%d start=%.2f first_copy=%.2f scores=%.2f "
+          "written_first=%.2f piece2=%.2f scores2=%.2f loop=%.2f written=%.2f\n",
+          tag, c.h, c.b, c.s_q, c.ctx, c.variant.c_str(), b, int(t[tl::kSm]), int(t[tl::kPieces]),
+          us(t[tl::kStart], spin_end), at(tl::kFirstCopy), at(tl::kScoresWg0), at(tl::kWrittenFirst), at(tl::kPiece2),
+          at(tl::kScores2), at(tl::kLoopWg0), at(tl::kWrittenWg0));
+    }
   print_pair_trace(tag, c);
   std::fflush(stdout);
 }

@@ -16,6 +16,10 @@
 #
 #   tools/gpu/build_variant.sh NAME COMMIT   the same for a commit's tree (a git worktree in build/wt/NAME, its own
 #                                            build folder there), e.g. an experiment kept in history but reverted
+#
+# MLADCP_VARIANT_DEFINES="-DNAME=VALUE ..." adds definitions to the C++ and CUDA flags (a constant under test, e.g.
+# -DMLADCP_BALANCED_OVERHEAD_TILES=3; the build folder is then build/gpu-variant-NAME); MLADCP_VARIANT_TIMELINE=1
+# configures the per-CTA timeline (-DMLADCP_SM90_TIMELINE=ON: `mladcp_peer_bench --timeline`).
 set -euo pipefail
 [ $# -eq 1 ] || [ $# -eq 2 ] || { echo "usage: $0 NAME [COMMIT]" >&2; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -25,16 +29,19 @@ if [ $# -eq 2 ]; then
   [ -d "$src" ] && git -C "$root" worktree remove --force "$src"
   git -C "$root" worktree add --detach "$src" "$2" >/dev/null
 fi
+defines="${MLADCP_VARIANT_DEFINES:-}" timeline="${MLADCP_VARIANT_TIMELINE:-0}"
 build="$src/build/gpu-variant"
+{ [ -n "$defines" ] || [ "$timeline" = 1 ]; } && build="$src/build/gpu-variant-$1"
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLADCP_DEPS_DIR="$root/.deps" -DMLADCP_WITH_CUDA=ON \
   -DMLADCP_WITH_NCCL=OFF -DMLADCP_WITH_MPI=OFF -DMLADCP_BUILD_APPS=OFF -DMLADCP_BUILD_BENCH=ON -DMLADCP_BUILD_TESTS=ON \
-  -DMLADCP_CUDA_GENCODE_PORTABLE= >/dev/null
+  -DMLADCP_CUDA_GENCODE_PORTABLE= -DCMAKE_CXX_FLAGS="$defines" -DCMAKE_CUDA_FLAGS="$defines" \
+  -DMLADCP_SM90_TIMELINE="$([ "$timeline" = 1 ] && echo ON || echo OFF)" >/dev/null
 ninja -C "$build" cuda_decode_test cuda_state_test mladcp_gpu_bench mladcp_peer_bench
 dest="$root/build/var/$1"
 mkdir -p "$dest"
 cp "$build/tests/cuda/cuda_decode_test" "$build/tests/cuda/cuda_state_test" "$build/bench/gpu/mladcp_gpu_bench" \
   "$build/bench/gpu/mladcp_peer_bench" "$dest/"
 stamp="$(git -C "$src" rev-parse --short HEAD)$(git -C "$src" diff --quiet HEAD || echo '+local')"
-echo "$stamp (tools/gpu/build_variant.sh $1, $(date -u +%FT%TZ))" >"$dest/STAMP"
+echo "$stamp (tools/gpu/build_variant.sh $1${defines:+, $defines}$([ "$timeline" = 1 ] && echo ', timeline'), $(date -u +%FT%TZ))" >"$dest/STAMP"
 echo "$stamp -> $dest"
