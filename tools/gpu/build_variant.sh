@@ -29,19 +29,21 @@ if [ $# -eq 2 ]; then
   [ -d "$src" ] && git -C "$root" worktree remove --force "$src"
   git -C "$root" worktree add --detach "$src" "$2" >/dev/null
 fi
-defines="${MLADCP_VARIANT_DEFINES:-}" timeline="${MLADCP_VARIANT_TIMELINE:-0}"
+defines="${MLADCP_VARIANT_DEFINES:-}" timeline=OFF label=""
+if [ "${MLADCP_VARIANT_TIMELINE:-0}" = 1 ]; then timeline=ON label=", timeline"; fi
+label="${defines:+, $defines}$label"
 build="$src/build/gpu-variant"
-{ [ -n "$defines" ] || [ "$timeline" = 1 ]; } && build="$src/build/gpu-variant-$1"
+if [ -n "$label" ]; then build="$src/build/gpu-variant-$1"; fi  # its own flags: its own build folder
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLADCP_DEPS_DIR="$root/.deps" -DMLADCP_WITH_CUDA=ON \
   -DMLADCP_WITH_NCCL=OFF -DMLADCP_WITH_MPI=OFF -DMLADCP_BUILD_APPS=OFF -DMLADCP_BUILD_BENCH=ON -DMLADCP_BUILD_TESTS=ON \
   -DMLADCP_CUDA_GENCODE_PORTABLE= -DCMAKE_CXX_FLAGS="$defines" -DCMAKE_CUDA_FLAGS="$defines" \
-  -DMLADCP_SM90_TIMELINE="$([ "$timeline" = 1 ] && echo ON || echo OFF)" >/dev/null
+  -DMLADCP_SM90_TIMELINE="$timeline" >/dev/null
 ninja -C "$build" cuda_decode_test cuda_state_test mladcp_gpu_bench mladcp_peer_bench
 dest="$root/build/var/$1"
 mkdir -p "$dest"
 cp "$build/tests/cuda/cuda_decode_test" "$build/tests/cuda/cuda_state_test" "$build/bench/gpu/mladcp_gpu_bench" \
   "$build/bench/gpu/mladcp_peer_bench" "$dest/"
 stamp="$(git -C "$src" rev-parse --short HEAD)$(git -C "$src" diff --quiet HEAD || echo '+local')"
-echo "$stamp (tools/gpu/build_variant.sh $1${defines:+, $defines}$([ "$timeline" = 1 ] && echo ', timeline'), $(date -u +%FT%TZ))" >"$dest/STAMP"
+echo "$stamp (tools/gpu/build_variant.sh $1$label, $(date -u +%FT%TZ))" >"$dest/STAMP"
 echo "$stamp -> $dest"
