@@ -200,10 +200,14 @@ void print_timeline(mladcp::Backend& be, const mladcp::MlaDecodeParams& p, const
       auto at = [&](int i) { return t[i] ? us(t[i], t[tl::kStart]) : -1.0; };
       std::printf(
           "TLCTA %s %d %d %d %d %s cta=%d sm=%d pieces=%d start=%.2f first_copy=%.2f scores=%.2f "
-          "written_first=%.2f piece2=%.2f scores2=%.2f loop=%.2f written=%.2f\n",
+          "written_first=%.2f piece2=%.2f scores2=%.2f loop=%.2f written=%.2f setup=%.2f copy_piece=%.2f "
+          "copy_pages=%.2f scores_wg1=%.2f copy_piece2=%.2f first_copy2=%.2f queries2=%.2f last_copy=%.2f "
+          "loop_wg1=%.2f row_sums=%.2f written_wg1=%.2f\n",
           tag, c.h, c.b, c.s_q, c.ctx, c.variant.c_str(), b, int(t[tl::kSm]), int(t[tl::kPieces]),
           us(t[tl::kStart], spin_end), at(tl::kFirstCopy), at(tl::kScoresWg0), at(tl::kWrittenFirst), at(tl::kPiece2),
-          at(tl::kScores2), at(tl::kLoopWg0), at(tl::kWrittenWg0));
+          at(tl::kScores2), at(tl::kLoopWg0), at(tl::kWrittenWg0), at(tl::kSetup), at(tl::kCopyPiece),
+          at(tl::kCopyPages), at(tl::kScoresWg1), at(tl::kCopyPiece2), at(tl::kFirstCopy2), at(tl::kQueries2),
+          at(tl::kLastCopy), at(tl::kLoopWg1), at(tl::kRowSums), at(tl::kWrittenWg1));
     }
   print_pair_trace(tag, c);
   std::fflush(stdout);

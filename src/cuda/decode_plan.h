@@ -210,6 +210,46 @@ MLADCP_HD BalancedCursor balanced_cursor(int part, int parts, int total, int fir
   return c;
 }
 
+// The uniform cut: where every part would hold about as many tiles as the positional cut gives it, sequence s
+// runs in parts [s·S, s·S + ceil(n_s / L)), part s·S + j holding tiles [j·L, (j + 1)·L) of it, S = parts / num_seqs
+// parts per sequence and L = ceil(max_tiles / S) tiles per piece; parts past num_seqs · S have nothing. Every part
+// then runs one piece: no part switches sequences (a switch costs the next queries and the state of the last one,
+// which at 64 heads, every key from DRAM, slowed the whole positional schedule by 8-15%:
+// docs/perf/gpu-sm90-uniform-cut-2026-12-07.md). The pieces' partial states and records keep the positional cut's
+// format (slot 0 of each part; the record in the sequence's first part), so the combine kernel reads either.
+// Taken where L ≤ T + kUniformSlackTiles (T = ceil(total / parts), the positional cut's positions per part): a
+// batch of equal lengths with at least one part per sequence; batches of mixed lengths or with empty sequences
+// (max_tiles far above the mean) keep the positional cut. Returns L, or 0 for the positional cut.
+inline constexpr int kUniformSlackTiles = 2;
+MLADCP_HD int uniform_piece_tiles(int num_seqs, int parts, int64_t total, int max_tiles) {
+  if (num_seqs < 1 || max_tiles < 1 || parts < num_seqs) return 0;
+  const int per_seq = parts / num_seqs;
+  const int piece = (max_tiles + per_seq - 1) / per_seq;
+  const int64_t per_part = (total + parts - 1) / parts;
+  return piece <= per_part + kUniformSlackTiles ? piece : 0;
+}
+
+// The uniform cut's cursor of part `part` (piece_tiles = uniform_piece_tiles(...) > 0), as a positional cursor whose
+// part covers piece j = part % S of sequence part / S: the sequence's positions laid out from first_pos, a multiple of
+// piece_tiles less the overhead, so that next() returns exactly that piece and counts its parts as ceil(n / L) (one
+// whole placeholder piece for an empty sequence). `tiles`: the sequence's tiles; parts past its pieces get nothing.
+MLADCP_HD BalancedCursor uniform_cursor(int part, int parts, int num_seqs, int piece_tiles, int tiles) {
+  BalancedCursor c;
+  c.part = part;
+  c.per_part = piece_tiles;
+  const int per_seq = parts / num_seqs, s = part / per_seq, j = part - s * per_seq;
+  const int pieces = tiles > 0 ? (tiles + piece_tiles - 1) / piece_tiles : 1;
+  const int first_pos = piece_tiles * ((kBalancedOverheadTiles + piece_tiles - 1) / piece_tiles) -
+                        kBalancedOverheadTiles;  // first_pos + overhead: a multiple of piece_tiles
+  const int w0 = first_pos + kBalancedOverheadTiles;
+  const int last = (j + 1) * piece_tiles < tiles ? (j + 1) * piece_tiles : tiles;
+  c.begin = w0 + j * piece_tiles;
+  c.end = w0 + (last > 0 ? last : 1);
+  c.seq = s < num_seqs && j < pieces ? s : num_seqs;
+  c.pos = first_pos;
+  return c;
+}
+
 // kFillDevice's schedule on a kernel that can run both (the Hopper kernels). kAutoManyWaves: kAuto's choice with a
 // higher bar, for the fp8 16/32-row kernel, whose pieces cost more to switch than its CTAs to start (H200,
 // docs/perf/gpu-sm90-fp8-balanced-2026-12-02.md: 16 heads × 128 × 4K and × 64 × 8K at q_len 2, two waves of two or

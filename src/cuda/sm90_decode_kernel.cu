@@ -79,9 +79,12 @@ static_assert(sizeof(SegmentState) <= 256, "Smem::seg");
 
 // kFp8: an fp8-e4m3 cache (kv_map over its bytes), converted in the ring by the producer warpgroup; else bf16.
 // q_copied: the producer copies the query rows through q_map (bf16 caches whose query rows form one matrix); else
-// the consumers load them. kPair: the pair merge (p.pair_merge, launched in clusters of 2); its own instantiation, so
-// that the kernels of the other plans carry none of its code.
-template <bool kFp8, bool kPair>
+// the consumers load them. kPair: the pair merge (p.pair_merge, launched in clusters of 2); kBalanced: the balanced
+// schedule (p.parts > 0). Each plan has its own instantiation, so that the kernels of the other plans carry none of
+// its code (a change to one plan's code then leaves the others' machine code as it was: ptxas schedules the whole
+// kernel at once, and an edit anywhere in it moved the pair loops of every plan by 1-4%,
+// docs/perf/gpu-sm90-uniform-cut-2026-12-07.md).
+template <bool kFp8, bool kPair, bool kBalanced>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90_kernel(const DecodeKernelParams p, const __grid_constant__ CUtensorMap kv_map,
                            const __grid_constant__ CUtensorMap q_map, bool q_copied) {
@@ -96,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&q_map)) : "memory");
 
   Segments segs;
-  if (!sm90_segments::cta_segments(p, segs)) return;
+  if (!sm90_segments::cta_segments < kRows, kBalanced ? 1 : 0 > (p, segs)) return;
 #if MLADCP_SM90_TIMELINE
   if (segs.rc != 0 && sm90_timeline::g_chunk0_only) return;  // experiment: only the first row chunk runs
 #endif
@@ -180,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int64_t g0 = 0;
   int q_loads = 0;  // segments with keys so far (the copied queries' phases)
   for (int k = 0;; ++k) {
-    if (tid == 0) seg->more[k & 1] = seg->segs.next(p, seg->w[k & 1]);
+    if (tid == 0) seg->more[k & 1] = seg->segs.template next < kBalanced ? 1 : 0 > (p, seg->w[k & 1]);
     named_bar_sync(kBarConsumers, kConsumerThreads);
     if (!seg->more[k & 1]) break;
     const CtaWork& w = seg->w[k & 1];
@@ -525,8 +528,9 @@ size_t sm90_decode_smem_bytes() { return size_t(Smem::total); }
 
 cudaError_t set_sm90_decode_smem() {
   if (!encode_fn()) return cudaErrorNotSupported;
-  for (const auto kernel : {mla_decode_sm90_kernel<false, false>, mla_decode_sm90_kernel<false, true>,
-                            mla_decode_sm90_kernel<true, false>, mla_decode_sm90_kernel<true, true>}) {
+  for (const auto kernel : {mla_decode_sm90_kernel<false, false, false>, mla_decode_sm90_kernel<false, true, false>,
+                            mla_decode_sm90_kernel<false, false, true>, mla_decode_sm90_kernel<true, false, false>,
+                            mla_decode_sm90_kernel<true, true, false>, mla_decode_sm90_kernel<true, false, true>}) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::total));
     if (e != cudaSuccess) return e;
   }
@@ -544,7 +548,7 @@ bool sm90_pair_clusters_fit() {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int clusters = 0;
-  for (const auto kernel : {mla_decode_sm90_kernel<false, true>, mla_decode_sm90_kernel<true, true>})
+  for (const auto kernel : {mla_decode_sm90_kernel<false, true, false>, mla_decode_sm90_kernel<true, true, false>})
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) return false;
   return true;
 }
@@ -604,11 +608,15 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
     attr[cfg.numAttrs++].val.clusterDim = {2, 1, 1};
   }
   if (p.pair_merge) {
-    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, true>, p, map, q_map, false);
-    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, true>, p, map, q_map, q_copied);
+    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, true, false>, p, map, q_map, false);
+    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, true, false>, p, map, q_map, q_copied);
   }
-  if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, false>, p, map, q_map, false);
-  return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, false>, p, map, q_map, q_copied);
+  if (p.parts > 0) {
+    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, false, true>, p, map, q_map, false);
+    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, false, true>, p, map, q_map, q_copied);
+  }
+  if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, false, false>, p, map, q_map, false);
+  return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, false, false>, p, map, q_map, q_copied);
 }
 
 }  // namespace mladcp::cuda_impl

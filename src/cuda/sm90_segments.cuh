@@ -39,9 +39,11 @@ struct Segments {
   int split, seq;  // split schedule: this CTA's split, or done
   cuda_plan::BalancedCursor cur;
 
+  // kBalanced: the schedule where the caller knows it at compile time (1: balanced, 0: splits; -1: `balanced`).
+  template <int kBalanced = -1>
   __device__ bool next(const DecodeKernelParams& p, CtaWork& w) {
     int k_first = 0, k_last = 0;
-    if (balanced) {
+    if (kBalanced < 0 ? balanced : kBalanced == 1) {
       cuda_plan::BalancedPiece pc;
       auto tiles_of = [&](int sq) { return local_tiles(p, sq); };
       if (!cur.next(p.num_seqs, tiles_of, pc)) return false;
@@ -80,10 +82,11 @@ struct Segments {
 
 // This CTA's segments, from its index (row chunk, then split and sequence, or part; the pair merge: split, then row
 // chunk and sequence, so that a cluster of two holds a sequence's two splits). False where its split lies past its
-// sequence's splits: the CTA has nothing to do (split schedule; the grid is sized from max_seq_len).
-template <int kRows>
+// sequence's splits: the CTA has nothing to do (split schedule; the grid is sized from max_seq_len). kBalanced: the
+// schedule, where the kernel is instantiated for one (1: balanced, 0: splits; -1: from p.parts).
+template <int kRows, int kBalanced = -1>
 __device__ __forceinline__ bool cta_segments(const DecodeKernelParams& p, Segments<kRows>& segs) {
-  segs.balanced = p.parts > 0;
+  segs.balanced = kBalanced < 0 ? p.parts > 0 : kBalanced == 1;
   if (p.pair_merge) {
     segs.split = int(blockIdx.x & 1);
     segs.rc = int((blockIdx.x >> 1) % p.row_chunks);
@@ -100,8 +103,8 @@ __device__ __forceinline__ bool cta_segments(const DecodeKernelParams& p, Segmen
 }
 
 // Balanced schedule: where part `part` starts, found by all kThreads threads of the CTA together (two passes over
-// the sequence lengths: the total, then the sequence holding the part's first position). `scratch`: 14
-// int64 of shared memory.
+// the sequence lengths: the total and the longest, then the sequence holding the part's first position; the
+// uniform cut, decode_plan.h, needs the first only). `scratch`: 2 · kThreads / 32 + 2 int64 of shared memory.
 template <int kThreads>
 __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p, int part, int64_t* scratch) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -110,17 +113,37 @@ __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p,
     if (sq >= p.num_seqs) return 0;
     return cuda_plan::balanced_cost(local_tiles(p, sq));
   };
-  int64_t mine = 0;
-  for (int sq = tid; sq < p.num_seqs; sq += kThreads) mine += cost_of(sq);
+  int64_t mine = 0, longest = 0;
+  for (int sq = tid; sq < p.num_seqs; sq += kThreads) {
+    const int64_t n = local_tiles(p, sq);
+    mine += cuda_plan::balanced_cost(n);
+    longest = n > longest ? n : longest;
+  }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
-  if (lane == 0) scratch[warp] = mine;
+  for (int o = 16; o > 0; o >>= 1) {
+    mine += __shfl_xor_sync(0xffffffffu, mine, o);
+    const int64_t l = __shfl_xor_sync(0xffffffffu, longest, o);
+    longest = l > longest ? l : longest;
+  }
+  if (lane == 0) {
+    scratch[warp] = mine;
+    scratch[kWarps + 2 + warp] = longest;
+  }
   if (tid == 0) scratch[kWarps] = -1;
   __syncthreads();
-  int64_t total = 0;
+  int64_t total = 0, max_tiles = 0;
 #pragma unroll
-  for (int i = 0; i < kWarps; ++i) total += scratch[i];
+  for (int i = 0; i < kWarps; ++i) {
+    total += scratch[i];
+    max_tiles = scratch[kWarps + 2 + i] > max_tiles ? scratch[kWarps + 2 + i] : max_tiles;
+  }
   __syncthreads();
+  const int piece_tiles = cuda_plan::uniform_piece_tiles(p.num_seqs, p.parts, total, int(max_tiles));
+  if (piece_tiles > 0) {
+    const int seq = part / (p.parts / p.num_seqs);
+    return cuda_plan::uniform_cursor(part, p.parts, p.num_seqs, piece_tiles,
+                                     seq < p.num_seqs ? int(local_tiles(p, seq)) : 0);
+  }
   const int64_t per_part = (total + p.parts - 1) / p.parts;
   const int64_t begin = int64_t(part) * per_part;
   // Sequence s holds positions [C_s, C_s + cost_s): a block scan of the costs, chunk by chunk.

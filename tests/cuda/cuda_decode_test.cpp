@@ -138,6 +138,8 @@ TEST(CudaSanitize, DecodeSmallShapes) {
   EXPECT_TRUE(matches_oracle_on_device(*balanced, config(128, 1, 64, {700, 700, 700}, 24)));
   EXPECT_TRUE(matches_oracle_on_device(*balanced, config(16, 1, 64, {20000, 20000, 20000}, 25, DType::kFP8E4M3)));
   EXPECT_TRUE(matches_oracle_on_device(*balanced, config(64, 1, 32, {9000, 9000}, 26)));
+  // Equal lengths with one empty sequence: the uniform cut (one piece per part) writes the empty row directly.
+  EXPECT_TRUE(matches_oracle_on_device(*balanced, config(64, 1, 32, {4000, 0, 4000, 4000}, 28)));
   // The fused merge (at most 4 states per sequence, merged by the Hopper kernel): splits, then the balanced schedule.
   CudaBackendOptions f;
   f.fused_merge = true;

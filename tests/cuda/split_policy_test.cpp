@@ -117,12 +117,22 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
     return int((rng >> 33) % uint64_t(mod));
   };
-  for (int trial = 0; trial < 60; ++trial) {
+  int uniform_cuts = 0;
+  for (int trial = 0; trial < 90; ++trial) {
     const int num_seqs = 1 + next(trial < 30 ? 12 : 300);
     std::vector<int> tiles(num_seqs);
     for (int& t : tiles) t = next(4) == 0 ? 0 : (next(3) == 0 ? 1 + next(3) : next(trial % 2 ? 40 : 600));
+    if (trial >= 60) {  // equal lengths (the uniform cut where there are parts enough), some with one empty
+      const int n = 1 + next(trial % 2 ? 40 : 600);
+      for (int& t : tiles) t = n;
+      if (trial % 3 == 0) tiles[size_t(next(num_seqs))] = 0;
+    }
     int64_t total = 0;
-    for (int t : tiles) total += cuda_plan::balanced_cost(t);
+    int max_tiles = 0;
+    for (int t : tiles) {
+      total += cuda_plan::balanced_cost(t);
+      max_tiles = std::max(max_tiles, t);
+    }
     for (int parts : {1, 2, 3, 7, 33, 66, 132, 1000})
       for (bool whole_short : {false, true}) {
         SCOPED_TRACE("trial " + std::to_string(trial) + " seqs " + std::to_string(num_seqs) + " parts " +
@@ -132,8 +142,11 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
         std::vector<std::vector<int64_t>> states_of(num_seqs);
         std::vector<cuda_plan::BalancedRecord> rec(num_seqs, cuda_plan::BalancedRecord{-1, 0, 0, 0});
         std::vector<int> records(num_seqs, 0), tile_runs(num_seqs, 0);
+        // The kernel's start (sm90_segments::balanced_start): the uniform cut, or the sequence whose positions
+        // hold the part's first position.
+        const int piece_tiles = cuda_plan::uniform_piece_tiles(num_seqs, parts, total, max_tiles);
+        if (piece_tiles > 0) ++uniform_cuts;
         for (int part = 0; part < parts; ++part) {
-          // The kernel's start: the sequence whose positions hold the part's first position.
           const int64_t per = (total + parts - 1) / parts, begin = int64_t(part) * per;
           int first = -1;
           int64_t pos = 0, first_pos = 0;
@@ -147,7 +160,11 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
             pos += c;
           }
           cuda_plan::BalancedCursor cur =
-              cuda_plan::balanced_cursor(part, parts, int(total), first, int(first_pos), num_seqs, whole_short);
+              piece_tiles > 0
+                  ? cuda_plan::uniform_cursor(
+                        part, parts, num_seqs, piece_tiles,
+                        part / (parts / num_seqs) < num_seqs ? tiles[part / (parts / num_seqs)] : 0)
+                  : cuda_plan::balanced_cursor(part, parts, int(total), first, int(first_pos), num_seqs, whole_short);
           cuda_plan::BalancedPiece pc;
           std::vector<cuda_plan::BalancedPiece> pieces;
           while (cur.next(
@@ -177,6 +194,10 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
           }
           EXPECT_LE(slot_used[0], 1);
           EXPECT_LE(slot_used[1], 1);
+          if (piece_tiles > 0) {
+            EXPECT_LE(pieces.size(), 1u) << "the uniform cut: one piece per part";
+            for (const cuda_plan::BalancedPiece& q : pieces) EXPECT_LE(q.tile_end - q.tile_begin, piece_tiles);
+          }
         }
         for (int s = 0; s < num_seqs; ++s) {
           SCOPED_TRACE("seq " + std::to_string(s) + " tiles " + std::to_string(tiles[s]));
@@ -185,7 +206,7 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
           ASSERT_FALSE(parts_of[s].empty());
           EXPECT_EQ(rec[s].first_part, parts_of[s].front());
           const int64_t per = (total + parts - 1) / parts;
-          if (whole_short && cuda_plan::balanced_cost(tiles[s]) <= per)
+          if (piece_tiles == 0 && whole_short && cuda_plan::balanced_cost(tiles[s]) <= per)
             EXPECT_EQ(parts_of[s].size(), 1u) << "never cut";
           EXPECT_EQ(rec[s].parts, int(parts_of[s].size()));
           for (size_t k = 1; k < parts_of[s].size(); ++k) EXPECT_EQ(parts_of[s][k], parts_of[s][k - 1] + 1);
@@ -199,6 +220,15 @@ TEST(SplitPolicyPlan, BalancedScheduleCoversEveryTileOnce) {
         }
       }
   }
+  EXPECT_GT(uniform_cuts, 20) << "the trials of equal lengths take the uniform cut";
+  // The uniform cut where it pays and only there: equal lengths, at least one part per sequence.
+  EXPECT_EQ(cuda_plan::uniform_piece_tiles(64, 132, 64 * cuda_plan::balanced_cost(128), 128), 64);  // 64 × 8K
+  EXPECT_EQ(cuda_plan::uniform_piece_tiles(16, 66, 16 * cuda_plan::balanced_cost(256), 256), 64);   // 16 × 16K
+  EXPECT_EQ(cuda_plan::uniform_piece_tiles(16, 66, 16 * cuda_plan::balanced_cost(1024), 1024), 0);  // 16 × 64K
+  EXPECT_EQ(cuda_plan::uniform_piece_tiles(128, 66, 128 * cuda_plan::balanced_cost(128), 128), 0);  // 128 × 8K
+  EXPECT_EQ(cuda_plan::uniform_piece_tiles(32, 66,  // every other sequence empty: positional
+                                           16 * cuda_plan::balanced_cost(128) + 16 * cuda_plan::balanced_cost(0), 128),
+            0);
   // The plan: one wave of CTAs, records and two partial-state slots per part in the workspace.
   MlaDecodeParams p = plan_params(16, 128, 1, 65536);
   const cuda_plan::DecodePlan b = cuda_plan::make_plan(p, 132, 64, cuda_plan::Schedule::kAuto);
