@@ -213,13 +213,14 @@ MLADCP_HD BalancedCursor balanced_cursor(int part, int parts, int total, int fir
 // The uniform cut: where every part would hold about as many tiles as the positional cut gives it, sequence s
 // runs in parts [s·S, s·S + ceil(n_s / L)), part s·S + j holding tiles [j·L, (j + 1)·L) of it, S = parts / num_seqs
 // parts per sequence and L = ceil(max_tiles / S) tiles per piece; parts past num_seqs · S have nothing. Every part
-// then runs one piece: no part switches sequences (a switch costs the next queries and the state of the last one,
-// which at 64 heads, every key from DRAM, slowed the whole positional schedule by 8-15%:
-// docs/perf/gpu-sm90-uniform-cut-2026-12-07.md). The pieces' partial states and records keep the positional cut's
-// format (slot 0 of each part; the record in the sequence's first part), so the combine kernel reads either.
-// Taken where L ≤ T + kUniformSlackTiles (T = ceil(total / parts), the positional cut's positions per part): a
-// batch of equal lengths with at least one part per sequence; batches of mixed lengths or with empty sequences
-// (max_tiles far above the mean) keep the positional cut. Returns L, or 0 for the positional cut.
+// then runs one piece: no part switches sequences (a switch costs the next queries and the state of the last one; at
+// 64 heads, every key from DRAM, the positional cut ran 64 × 8K 19% slower than a split plan of the same bytes, and
+// the uniform cut 4.5% faster than the positional one: docs/perf/gpu-sm90-uniform-cut-2026-12-07.md). The pieces'
+// partial states and records keep the positional cut's format (slot 0 of each part; the record in the sequence's first
+// part), so the combine kernel reads either. Taken where L ≤ T + kUniformSlackTiles (T = ceil(total / parts), the
+// positional cut's positions per part): a batch of equal lengths with at least one part per sequence; batches of mixed
+// lengths or with empty sequences (max_tiles far above the mean) keep the positional cut. Returns L, or 0 for the
+// positional cut.
 inline constexpr int kUniformSlackTiles = 2;
 MLADCP_HD int uniform_piece_tiles(int num_seqs, int parts, int64_t total, int max_tiles) {
   if (num_seqs < 1 || max_tiles < 1 || parts < num_seqs) return 0;
