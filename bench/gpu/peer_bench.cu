@@ -20,8 +20,9 @@
 //   TIMELINE mladcp[-policy] h b s_q ctx variant ctas=N pieces=P start=FIRST..LAST end=E <point>=MEDIAN/MAX ...
 //   [combine=START..END]
 // (µs; start, end and combine after the spin kernel's end, the points after each CTA's own start); with
-// MLADCP_TIMELINE_CTAS=1 also one "TLCTA ..." line per CTA (its pieces, start, first copy and scores, piece switch,
-// loop end and output written).
+// MLADCP_TIMELINE_CTAS=1 also one "TLCTA ..." line per CTA (its pieces, start, setup, the copier's first piece, ids
+// and copies, both warpgroups' first scores, the piece switch on both sides: the first piece written, the second
+// piece's start, first scores, copies and queries; the loop's end, row sums and output written by each warpgroup).
 // --chunk0-only (timeline builds): an experiment; the Hopper kernel's CTAs of row chunks past the first exit at once
 // (half the key traffic out of L2 at 128 heads, the same from memory; those rows' results are garbage).
 // --hot-pages N: every block-table entry names one of N pages (the keys stay in L2; an experiment that
