@@ -98,8 +98,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 2 * 128 + 32 && q_copied)
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&q_map)) : "memory");
 
+  constexpr int kSchedule = kBalanced ? 1 : 0;  // the plan's schedule, a constant in this instantiation
   Segments segs;
-  if (!sm90_segments::cta_segments < kRows, kBalanced ? 1 : 0 > (p, segs)) return;
+  if (!sm90_segments::cta_segments<kRows, kSchedule>(p, segs)) return;
 #if MLADCP_SM90_TIMELINE
   if (segs.rc != 0 && sm90_timeline::g_chunk0_only) return;  // experiment: only the first row chunk runs
 #endif
@@ -183,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int64_t g0 = 0;
   int q_loads = 0;  // segments with keys so far (the copied queries' phases)
   for (int k = 0;; ++k) {
-    if (tid == 0) seg->more[k & 1] = seg->segs.template next < kBalanced ? 1 : 0 > (p, seg->w[k & 1]);
+    if (tid == 0) seg->more[k & 1] = seg->segs.template next<kSchedule>(p, seg->w[k & 1]);
     named_bar_sync(kBarConsumers, kConsumerThreads);
     if (!seg->more[k & 1]) break;
     const CtaWork& w = seg->w[k & 1];
