@@ -42,9 +42,10 @@ struct DeviceState {
   size_t smem_optin = 0;
   size_t smem_per_sm = 0;  // shared memory of one SM (bounds the resident split CTAs)
   int sm_count = 0;
-  bool sm90 = false;        // compute capability 9.0 and the Hopper decode kernel is ready
-  bool sm90_fp8 = false;    // compute capability 9.0 and the Hopper fp8 decode kernel is ready
-  bool sm90_pairs = false;  // clusters of two Hopper decode CTAs fit (the pair merge)
+  bool sm90 = false;           // compute capability 9.0 and the Hopper decode kernel is ready
+  bool sm90_fp8 = false;       // compute capability 9.0 and the Hopper fp8 decode kernel is ready
+  int64_t sm90_pair_ctas = 0;  // Hopper decode CTAs resident at once in clusters of two (the pair merge)
+  int64_t sm90_quad_ctas = 0;  // and in clusters of four
 };
 
 Status device_state(int device, DeviceState* out) {
@@ -74,7 +75,10 @@ Status device_state(int device, DeviceState* out) {
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
         minor == 0 && cuda_impl::sm90_decode_smem_bytes() <= s->smem_optin)
       s->sm90 = cuda_impl::set_sm90_decode_smem() == cudaSuccess;
-    if (s->sm90) s->sm90_pairs = cuda_impl::sm90_pair_clusters_fit();
+    if (s->sm90) {
+      s->sm90_pair_ctas = cuda_impl::sm90_cluster_ctas(2);
+      s->sm90_quad_ctas = cuda_impl::sm90_cluster_ctas(4);
+    }
     if (s->status.ok() && major == 9 && minor == 0 && cuda_impl::sm90_fp8_decode_smem_bytes(32) <= s->smem_optin)
       s->sm90_fp8 = cuda_impl::set_sm90_fp8_decode_smem() == cudaSuccess;
     (void)cudaGetLastError();  // a failed probe leaves the portable kernels in charge
@@ -262,6 +266,7 @@ class CudaBackend final : public Backend {
     k.lse_stride_group = p.lse_stride_group;
     k.shard = p.shard;
     k.pair_merge = plan.pair_merge;
+    k.cluster_parts = plan.cluster_parts;
     if (plan.workspace_bytes > 0) {
       uint8_t* ws = static_cast<uint8_t*>(ctx.workspace);
       if (plan.parts > 0) k.ws_record = reinterpret_cast<cuda_plan::BalancedRecord*>(ws + plan.ws_record_offset);
@@ -296,7 +301,8 @@ class CudaBackend final : public Backend {
   // merges only on the Hopper 64-row kernel, the pair merge only where its clusters fit.
   cuda_plan::DecodePlan plan_on_device(const MlaDecodeParams& p, const KernelChoice& kc, const DeviceState& dev) const {
     return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, schedule(kc), kc.sm90 && opt_.fused_merge,
-                                kc.sm90 && dev.sm90_pairs && opt_.pair_merge);
+                                kc.sm90 && opt_.pair_merge ? dev.sm90_pair_ctas : 0,
+                                kc.sm90 && opt_.pair_merge ? dev.sm90_quad_ctas : 0, opt_.balanced_clusters);
   }
 
   BackendCapabilities caps_;

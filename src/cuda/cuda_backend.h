@@ -35,8 +35,12 @@ struct CudaBackendOptions {
   bool fused_merge = false;
   // true: a split plan of two splits per sequence on the Hopper 64-row kernel runs each sequence's two split CTAs as a
   // cluster that merges the two states in shared memory (decode_plan.h), with no workspace and no combine kernel; the
-  // same bits as the combine kernel. false: the combine kernel (comparisons, tests).
+  // same bits as the combine kernel. false: the combine kernel (comparisons, tests), also for balanced plans.
   bool pair_merge = true;
+  // true (with pair_merge): a balanced plan of two or four parts per sequence on the Hopper 64-row kernel runs its
+  // parts in clusters of two or four that merge the uniform cut's pieces of a sequence the same way (decode_plan.h).
+  // false: the combine kernel for every balanced plan. Off by default until measured on the device.
+  bool balanced_clusters = false;
 };
 
 // The layout rules of the cuda kernels for a call that passed validate_decode (p with default

@@ -63,7 +63,11 @@ struct DecodeKernelParams {
   int* ws_merges = nullptr;
   // Pair merge (the Hopper 64-row kernel, decode_plan.h): a split plan of two splits per sequence, CTA index split +
   // 2 · (row chunk + row_chunks · sequence), launched in clusters of 2 that merge the two states; no combine kernel.
+  // With parts > 0: a balanced plan of cluster_parts (2 or 4) parts per sequence, CTA index part % C + C · (row chunk +
+  // row_chunks · (part / C)), launched in clusters of C that merge the uniform cut's C pieces of a sequence (the
+  // combine kernel runs as well).
   bool pair_merge = false;
+  int cluster_parts = 0;
 };
 
 // Dynamic shared memory of the split kernel for a shape (bytes).

@@ -291,7 +291,8 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
       return Status::Internal("rows_per_cta=" + std::to_string(p.rows_per_cta) + ": not 16, 32 or 64");
   }
   MLADCP_RETURN_IF_ERROR(cuda_status(e, "mla_decode_split_kernel launch"));
-  if (!p.fused_merge && !p.pair_merge && (p.max_splits > 1 || p.parts > 0)) {
+  // (A balanced pair-merge plan launches it too: the kernel's cut, unknown here, may leave states.)
+  if (!p.fused_merge && (p.parts > 0 || (p.max_splits > 1 && !p.pair_merge))) {
     // Few states per row: a split plan of at most kCombineFewStates splits, or a balanced plan of at least one
     // sequence per kCombineFewStates parts (sequences of similar lengths then span at most about that many).
     const bool few =

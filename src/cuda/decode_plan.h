@@ -301,6 +301,14 @@ inline constexpr int kFusedMaxStates = 4;
 // two split CTAs of each (sequence, row chunk) as one cluster, and each CTA sends the partial state of the output
 // columns the other finishes (256 of the 512) through distributed shared memory: no state goes to the workspace and
 // no combine kernel runs. The arithmetic is the combine kernel's, bit for bit (sm90_pair_merge.cuh).
+// A balanced plan of two parts per sequence (2 · num_seqs ≤ parts < 3 · num_seqs, parts even) runs its parts in
+// clusters of two as well (parts 2c and 2c + 1 of a row chunk): where the kernel takes the uniform cut, the two
+// pieces of a sequence are those two parts, merged the same way; with the positional cut (lengths that differ) the
+// parts write states and records for the combine kernel as in the plain balanced plan. The host knows the parts per
+// sequence, the kernel the cut; the combine kernel is launched in either case and exits at once where no state was
+// written. Taken only where the device runs the whole grid's clusters at once (`pair_ctas`). A plan of four parts per
+// sequence runs in clusters of four the same way (parts rounded down to a multiple of 4, `quad_ctas`; a sequence of
+// two or three pieces leaves its states to the combine kernel).
 
 struct DecodePlan {
   int rows_per_seq = 0;      // H · q_len
@@ -312,7 +320,8 @@ struct DecodePlan {
   int parts = 0;             // > 0: the balanced schedule (grid = parts · row_chunks), else splits of split_len
   bool whole_short = false;  // balanced: sequences of at most one part's positions are never cut
   bool fused_merge = false;  // the split kernel merges the states (kFusedMaxStates), no combine kernel
-  bool pair_merge = false;   // two splits per sequence merged in a cluster of their two CTAs, no combine kernel
+  bool pair_merge = false;   // two splits (or balanced: parts) per sequence merged in a cluster of their two CTAs
+  int cluster_parts = 0;     // balanced with pair_merge: parts per cluster (2 or 4)
   size_t ws_record_offset = 0, ws_lse_offset = 0, ws_o_offset = 0;
   size_t ws_counter_offset = 0;  // fused merge: int [B][row_chunks], arrivals of partial states (zeroed per call)
   // Balanced schedule with the combine kernel: int, set by a CTA that writes a partial state (zeroed per call), so
@@ -329,9 +338,12 @@ inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // packing 16·q_len rows and leaving the rest empty); 0 = rows_per_cta(H · q_len). `schedule`: whether
 // kFillDevice takes the balanced schedule (only the Hopper kernels run it): never, where it pays, always.
 // `fused`: the kernel can merge the states itself (the Hopper 64-row kernel); taken where the states are few.
-// `pair`: the kernel can merge two splits in a cluster (the Hopper 64-row kernel); taken by split plans of two.
+// `pair_ctas`, `quad_ctas`: CTAs the device runs at once in clusters of two and of four of the kernel (the Hopper
+// 64-row kernel; 0: none); taken by split plans of two splits, and by balanced plans of two or four parts per sequence
+// whose grid fits them (unless `balanced_clusters` is false).
 inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta_rows = 0,
-                            Schedule schedule = Schedule::kSplits, bool fused = false, bool pair = false) {
+                            Schedule schedule = Schedule::kSplits, bool fused = false, int64_t pair_ctas = 0,
+                            int64_t quad_ctas = 0, bool balanced_clusters = true) {
   DecodePlan plan;
   plan.rows_per_seq = p.num_heads * p.q_len;
   plan.rows_per_cta = cta_rows > 0 ? cta_rows : rows_per_cta(plan.rows_per_seq);
@@ -351,13 +363,25 @@ inline DecodePlan make_plan(const MlaDecodeParams& p, int64_t wave_ctas, int cta
     plan.grid = int64_t(plan.parts) * plan.row_chunks;
     plan.split_len = kSplitTokens;
     plan.max_splits = 1;
+    // Clusters of four: as many parts as fit in them, a multiple of 4 (a GPC of 18 SMs holds four such clusters).
+    const int quad_parts = int(std::min<int64_t>(plan.parts, quad_ctas / plan.row_chunks)) / 4 * 4;
+    const bool clusters = balanced_clusters && p.num_seqs > 0;
+    if (clusters && plan.parts % 2 == 0 && plan.parts / p.num_seqs == 2 && pair_ctas >= plan.grid) {
+      plan.pair_merge = true;
+      plan.cluster_parts = 2;
+    } else if (clusters && quad_parts / p.num_seqs == 4) {
+      plan.pair_merge = true;
+      plan.cluster_parts = 4;
+      plan.parts = quad_parts;
+      plan.grid = int64_t(plan.parts) * plan.row_chunks;
+    }
     const size_t states = size_t(plan.parts) * 2 * size_t(plan.rows_per_seq);
-    plan.fused_merge = fused && int64_t(p.num_seqs) * kFusedMaxStates >= plan.parts;
+    plan.fused_merge = fused && !plan.pair_merge && int64_t(p.num_seqs) * kFusedMaxStates >= plan.parts;
     plan.ws_record_offset = 0;
     plan.ws_lse_offset = align_up(size_t(p.num_seqs) * size_t(plan.row_chunks) * sizeof(BalancedRecord), 256);
     plan.ws_o_offset = align_up(plan.ws_lse_offset + states * sizeof(float), 256);
     plan.workspace_bytes = plan.ws_o_offset + states * size_t(kLatentDim) * sizeof(float);
-  } else if (plan.max_splits == 2 && pair) {
+  } else if (plan.max_splits == 2 && pair_ctas > 0) {
     plan.pair_merge = true;  // no workspace: the states stay in the cluster's shared memory
   } else if (plan.max_splits > 1) {
     const size_t states = size_t(p.num_seqs) * size_t(plan.max_splits) * size_t(plan.rows_per_seq);

@@ -28,12 +28,14 @@ size_t sm90_decode_smem_bytes();
 // offers no tensor-map encoder.
 cudaError_t set_sm90_decode_smem();
 
-// Whether clusters of two Hopper decode CTAs (the pair merge) can be resident on the current device (after
-// set_sm90_decode_smem): false where cluster launches are unavailable or no such cluster fits.
-bool sm90_pair_clusters_fit();
+// How many Hopper decode CTAs the current device runs at once in clusters of `cluster` (2: the pair merge, 4: balanced
+// plans of four parts per sequence; after set_sm90_decode_smem), for every kernel that runs in such clusters: 0 where
+// cluster launches are unavailable or no such cluster fits.
+int64_t sm90_cluster_ctas(int cluster);
 
 // Launches the split kernel (p.rows_per_cta == 64, bf16 or (fp8) fp8-e4m3 cache, p.num_blocks >= 1) on
-// `stream`; the caller launches the combine kernel when p.max_splits > 1 (not with p.pair_merge: clusters of 2).
+// `stream`; the caller launches the combine kernel when p.max_splits > 1 or p.parts > 0 (not for a split plan with
+// p.pair_merge: clusters of 2).
 cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, cudaStream_t stream);
 
 #if MLADCP_SM90_TIMELINE

@@ -79,12 +79,13 @@ static_assert(sizeof(SegmentState) <= 256, "Smem::seg");
 
 // kFp8: an fp8-e4m3 cache (kv_map over its bytes), converted in the ring by the producer warpgroup; else bf16.
 // q_copied: the producer copies the query rows through q_map (bf16 caches whose query rows form one matrix); else
-// the consumers load them. kPair: the pair merge (p.pair_merge, launched in clusters of 2); kBalanced: the balanced
+// the consumers load them. kCluster: 1, or the CTAs of a cluster that merge their states (2: the pair merge of a
+// split plan or of a balanced plan's parts, 4: of a balanced plan's parts; p.pair_merge); kBalanced: the balanced
 // schedule (p.parts > 0). Each plan has its own instantiation, so that the kernels of the other plans carry none of
 // its code (a change to one plan's code then leaves the others' machine code as it was: ptxas schedules the whole
 // kernel at once, and an edit anywhere in it moved the pair loops of every plan by 1-4%,
 // docs/perf/gpu-sm90-uniform-cut-2026-12-07.md).
-template <bool kFp8, bool kPair, bool kBalanced>
+template <bool kFp8, int kCluster, bool kBalanced>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90_kernel(const DecodeKernelParams p, const __grid_constant__ CUtensorMap kv_map,
                            const __grid_constant__ CUtensorMap q_map, bool q_copied) {
@@ -99,8 +100,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&q_map)) : "memory");
 
   constexpr int kSchedule = kBalanced ? 1 : 0;  // the plan's schedule, a constant in this instantiation
+  constexpr bool kPair = kCluster > 1;          // clusters of kCluster CTAs merge their states
   Segments segs;
-  if (!sm90_segments::cta_segments<kRows, kSchedule>(p, segs)) return;
+  if (!sm90_segments::cta_segments<kRows, kSchedule, kCluster>(p, segs)) return;
 #if MLADCP_SM90_TIMELINE
   if (segs.rc != 0 && sm90_timeline::g_chunk0_only) return;  // experiment: only the first row chunk runs
 #endif
@@ -113,14 +115,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kSubTiles; ++i) mbar_init(smem_addr(smem + Smem::q_full) + 8 * i, 1);
     mbar_init(smem_addr(smem + Smem::q_empty), 8);   // one arrival per consumer warp
     mbar_init(smem_addr(smem + Smem::merge_go), 1);  // fused merge: consumer thread 0 publishes the jobs
-    if (kPair) sm90_pair_merge::init_barriers(smem);
+    if (kPair) sm90_pair_merge::init_barriers<kCluster>(smem);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #if MLADCP_SM90_TIMELINE
     sm90_timeline::trace_clear(Smem::trace);
 #endif
   }
+  // A balanced plan in clusters (two parts per sequence) under the uniform cut: the two pieces of a sequence are the
+  // cluster's two CTAs, which merge them (with the positional cut, states and records for the combine kernel).
+  bool pieces_paired = false;
   if (segs.balanced)
-    segs.cur = sm90_segments::balanced_start<kThreads>(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red));
+    segs.cur = sm90_segments::balanced_start<kThreads>(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red),
+                                                       kPair ? &pieces_paired : nullptr);
   __syncthreads();
   if (kPair) sm90_pair_merge::cluster_arrive_relaxed();  // waited for before the first remote access
   if (tid == 0) {
@@ -435,8 +441,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_bar_sync(kBarConsumers, kConsumerThreads);
     if (tid == 0) MLADCP_TIMELINE(kRowSums);
     const bool direct = w.direct;
-    if constexpr (kPair) {
-      if (!direct)
+    // The rows' state goes to the other CTAs of the cluster (a split plan's two splits; the uniform cut's pieces of a
+    // sequence of kCluster pieces), else to the workspace where not direct (the positional cut; a sequence of fewer
+    // pieces in clusters of four).
+    const bool in_cluster = kPair && !direct && (!kBalanced || (pieces_paired && w.states == kCluster));
+    const bool to_workspace = !direct && !(kBalanced && in_cluster);
+    if constexpr (kCluster == 4) {
+      if (in_cluster)
+        sm90_pair_merge::merge_quad(p, w, st, o, red, smem, wg, lane);
+      else
+        write_rows(p, w, st, o, red, q_s, staged, wg, lane);
+    } else if constexpr (kPair) {
+      if (in_cluster)
         sm90_pair_merge::merge_pair(p, w, st, o, red, smem, wg, lane);
       else
         write_rows(p, w, st, o, red, q_s, staged, wg, lane);
@@ -447,14 +463,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(smem_addr(smem + Smem::q_empty));
     }
-    if (w.record && tid == 0) p.ws_record[int64_t(w.seq) * p.row_chunks + w.row0 / kRows] = w.rec;
-    if (!direct && p.ws_merges != nullptr && tid == 0) {    // the combine kernel has a state to merge
-      asm volatile("griddepcontrol.wait;\n" ::: "memory");  // after launch_decode's zeroing
+    if (w.record && !(kBalanced && in_cluster) && tid == 0)
+      p.ws_record[int64_t(w.seq) * p.row_chunks + w.row0 / kRows] = w.rec;
+    if (to_workspace && p.ws_merges != nullptr && tid == 0) {  // the combine kernel has a state to merge
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");     // after launch_decode's zeroing
       *p.ws_merges = 1;
     }
     // Fused merge (sm90_merge.cuh): the CTA whose state of the sequence's rows arrives last merges them all, after
     // its last segment (a CTA of the balanced schedule owes at most two: its first and last pieces).
-    if (!direct && p.fused_merge) {
+    if (to_workspace && p.fused_merge) {
       __threadfence();
       named_bar_sync(kBarConsumers, kConsumerThreads);
       if (tid == 0 && sm90_merge::arrive(p, w)) seg->jobs[seg->njobs++] = {w.seq, w.row0, w.states};
@@ -529,29 +546,38 @@ size_t sm90_decode_smem_bytes() { return size_t(Smem::total); }
 
 cudaError_t set_sm90_decode_smem() {
   if (!encode_fn()) return cudaErrorNotSupported;
-  for (const auto kernel : {mla_decode_sm90_kernel<false, false, false>, mla_decode_sm90_kernel<false, true, false>,
-                            mla_decode_sm90_kernel<false, false, true>, mla_decode_sm90_kernel<true, false, false>,
-                            mla_decode_sm90_kernel<true, true, false>, mla_decode_sm90_kernel<true, false, true>}) {
+  for (const auto kernel : {mla_decode_sm90_kernel<false, 1, false>, mla_decode_sm90_kernel<false, 2, false>,
+                            mla_decode_sm90_kernel<false, 1, true>, mla_decode_sm90_kernel<false, 2, true>,
+                            mla_decode_sm90_kernel<false, 4, true>, mla_decode_sm90_kernel<true, 1, false>,
+                            mla_decode_sm90_kernel<true, 2, false>, mla_decode_sm90_kernel<true, 1, true>,
+                            mla_decode_sm90_kernel<true, 2, true>, mla_decode_sm90_kernel<true, 4, true>}) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::total));
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
-bool sm90_pair_clusters_fit() {
+int64_t sm90_cluster_ctas(int cluster) {
+  if (cluster != 2 && cluster != 4) return 0;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(2);
+  cfg.gridDim = dim3(unsigned(cluster));
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = size_t(Smem::total);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim = {2, 1, 1};
+  attr[0].val.clusterDim = {unsigned(cluster), 1, 1};
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  int clusters = 0;
-  for (const auto kernel : {mla_decode_sm90_kernel<false, true, false>, mla_decode_sm90_kernel<true, true, false>})
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) return false;
-  return true;
+  int64_t fewest = -1;
+  const auto pairs = {mla_decode_sm90_kernel<false, 2, false>, mla_decode_sm90_kernel<false, 2, true>,
+                      mla_decode_sm90_kernel<true, 2, false>, mla_decode_sm90_kernel<true, 2, true>};
+  const auto quads = {mla_decode_sm90_kernel<false, 4, true>, mla_decode_sm90_kernel<true, 4, true>};
+  for (const auto kernel : cluster == 2 ? pairs : quads) {
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) return 0;
+    fewest = fewest < 0 || clusters < fewest ? clusters : fewest;
+  }
+  return int64_t(cluster) * fewest;
 }
 
 cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, cudaStream_t stream) {
@@ -604,20 +630,31 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
     attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (p.pair_merge) {
+  // Clusters: a split plan's pairs, or a balanced plan's cluster_parts parts (2 or 4).
+  const int cluster = !p.pair_merge ? 1 : (p.parts > 0 ? p.cluster_parts : 2);
+  if (cluster != 1 && cluster != 2 && cluster != 4) return cudaErrorInvalidValue;
+  if (cluster > 1) {
     attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    attr[cfg.numAttrs++].val.clusterDim = {2, 1, 1};
+    attr[cfg.numAttrs++].val.clusterDim = {unsigned(cluster), 1, 1};
   }
-  if (p.pair_merge) {
-    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, true, false>, p, map, q_map, false);
-    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, true, false>, p, map, q_map, q_copied);
+  if (cluster == 4) {
+    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, 4, true>, p, map, q_map, false);
+    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, 4, true>, p, map, q_map, q_copied);
+  }
+  if (cluster == 2 && p.parts > 0) {
+    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, 2, true>, p, map, q_map, false);
+    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, 2, true>, p, map, q_map, q_copied);
+  }
+  if (cluster == 2) {
+    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, 2, false>, p, map, q_map, false);
+    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, 2, false>, p, map, q_map, q_copied);
   }
   if (p.parts > 0) {
-    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, false, true>, p, map, q_map, false);
-    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, false, true>, p, map, q_map, q_copied);
+    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, 1, true>, p, map, q_map, false);
+    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, 1, true>, p, map, q_map, q_copied);
   }
-  if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, false, false>, p, map, q_map, false);
-  return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, false, false>, p, map, q_map, q_copied);
+  if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, 1, false>, p, map, q_map, false);
+  return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, 1, false>, p, map, q_map, q_copied);
 }
 
 }  // namespace mladcp::cuda_impl

@@ -90,9 +90,14 @@ __device__ __forceinline__ void st_async(uint32_t cluster_addr, float v, uint32_
                : "memory");
 }
 
-// The barriers, by thread 0 at the kernel's start (before its fence.mbarrier_init).
+// The barriers, by thread 0 at the kernel's start (before its fence.mbarrier_init), for clusters of kCluster CTAs: the
+// ring free and the state received count one arrival per other CTA.
+template <int kCluster = 2>
 __device__ __forceinline__ void init_barriers(uint8_t* smem) {
-  for (int i = 0; i < 3; ++i) mbar_init(smem_addr(smem + Smem::pair) + 8 * i, 1);
+  const uint32_t bars = smem_addr(smem + Smem::pair);
+  mbar_init(bars + 8 * kFree, kCluster - 1);
+  mbar_init(bars + 8 * kFull, 1);
+  mbar_init(bars + 8 * kDone, kCluster - 1);
 }
 
 // The epilogue of a pair-merge segment (w: one of the sequence's two splits), by all 256 consumer threads after the
@@ -175,6 +180,146 @@ __device__ __forceinline__ void merge_pair(const DecodeKernelParams& p, const Ct
     if (rank == 0 && (lane & 3) == 0) store_row_lse(p, w.seq, grow, comb[hh]);
   }
   if (staged) sm90_consumer::flush_staged_rows(p, w.seq, w.row0, q_s, wg, lane);
+}
+
+// ---- clusters of four: the uniform cut's four pieces of a sequence (a balanced plan of four parts per sequence) ----
+//
+// CTA r (cluster rank r = the piece) finishes output columns [128r, 128r + 128), a quarter held by its warpgroup r / 2.
+// Warpgroup w of every CTA sends the quarters 2w and 2w + 1 of its columns (64 rows × 128 fp32 and the rows' base-2
+// LSEs) to the CTAs that finish them, except its own CTA's; CTA r receives three such quarters into slot s (the
+// sender's rank) of its ring. The barriers count one arrival per other CTA: thread 0 arms `full` for the three quarters
+// and arrives on the other three CTAs' `free`; the receiving warpgroup answers on their `done` and merges the four
+// states; every warpgroup waits on `done` (its stores landed in all three) before it leaves. The arithmetic is the
+// combine kernel's for four states, bit for bit: warp_combiner's sum for states in lanes 0-3 is (e0 + e2) + (e1 + e3),
+// the row (((+0 + w0·o0) + w1·o1) + w2·o2) + w3·o3.
+constexpr int kQuarterPairs = 16;  // float4 column groups of a quarter per thread
+constexpr uint32_t kQuarterValueBytes = kQuarterPairs * 128 * 16;
+constexpr uint32_t kQuarterSlotBytes = kQuarterValueBytes + 64 * 4;
+static_assert(4 * kQuarterSlotBytes <= 2 * sm90_ring::kTileBytes, "four received quarters fit in the ring");
+constexpr int kQuarterPitch = 256 + 16;  // staged bf16 quarter rows in q_s (skewed by 16 bytes: no bank conflicts)
+static_assert(sm90_ring::kRows * kQuarterPitch <= sm90_ring::kTileBytes, "the staged quarter fits in q_s");
+
+// In place of write_rows for a segment whose sequence has four pieces, by all 256 consumer threads after the row
+// sums' barrier.
+__device__ __forceinline__ void merge_quad(const DecodeKernelParams& p, const CtaWork& w, const RowState& st,
+                                           const float (&o)[128], const float* red, uint8_t* smem, int wg, int lane) {
+  const int tid_in_wg = threadIdx.x & 127;
+  const uint32_t rank = cluster_rank();
+  const uint32_t bars = smem_addr(smem + Smem::pair);
+  const uint32_t ring = smem_addr(smem + Smem::kv);
+  cluster_wait();
+  if (threadIdx.x == 0) {  // both warpgroups are past their last products: the ring is free
+    fence_proxy_async();
+    mbar_arrive_expect_tx(bar_addr(bars, kFull), 3 * kQuarterSlotBytes);
+    for (uint32_t c = 0; c < 4; ++c)
+      if (c != rank) remote_arrive(map_rank(bar_addr(bars, kFree), c));
+  }
+  sm90_consumer::RowEnd end[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) end[hh] = sm90_consumer::row_end(p, st, red, hh);
+  const bool none = w.ntiles == 0;
+  auto mine = [&](int j) {  // column group j (of 32) of both rows, normalized as the workspace state would be
+    if (none) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return make_float4(o[4 * j] * end[0].inv, o[4 * j + 1] * end[0].inv, o[4 * j + 2] * end[1].inv,
+                       o[4 * j + 3] * end[1].inv);
+  };
+  wait_cluster(bar_addr(bars, kFree), 0);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const uint32_t q = 2 * uint32_t(wg) + uint32_t(half);
+    if (q == rank) continue;
+    const uint32_t dst = map_rank(ring + rank * kQuarterSlotBytes, q), full = map_rank(bar_addr(bars, kFull), q);
+#pragma unroll
+    for (int j = 0; j < kQuarterPairs; ++j)
+      st_async(dst + uint32_t((j * 128 + tid_in_wg) * 16), mine(kQuarterPairs * half + j), full);
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) st_async(dst + kQuarterValueBytes + uint32_t(st.rs[hh] * 4), end[hh].lse2, full);
+    }
+  }
+  if (uint32_t(wg) != rank / 2) {  // this warpgroup finishes no columns here
+    wait_cluster(bar_addr(bars, kDone), 0);
+    return;
+  }
+  wait_cluster(bar_addr(bars, kFull), 0);
+  if (tid_in_wg == 0)
+    for (uint32_t c = 0; c < 4; ++c)
+      if (c != rank) remote_arrive(map_rank(bar_addr(bars, kDone), c));
+  const uint8_t* const in = smem + Smem::kv;
+  const bool upper = (rank & 1) != 0;  // this CTA's quarter: its warpgroup's column groups 16-31, else 0-15
+  float wt[2][4];
+  lse::Combiner comb[2] = {lse::Combiner(LseBase::k2), lse::Combiner(LseBase::k2)};
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l[4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+      l[s] = uint32_t(s) == rank
+                 ? end[hh].lse2
+                 : reinterpret_cast<const float*>(in + s * kQuarterSlotBytes + kQuarterValueBytes)[st.rs[hh]];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) comb[hh].observe_max(l[s]);
+    lse::Combiner even = comb[hh], odd = comb[hh];  // warp_combiner's butterfly over lanes 0-3
+    even.accumulate(l[0]);
+    even.accumulate(l[2]);
+    odd.accumulate(l[1]);
+    odd.accumulate(l[3]);
+    comb[hh].sum = even.sum + odd.sum;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) wt[hh][s] = comb[hh].weight(l[s]);
+  }
+  uint8_t* const q_s = smem + Smem::q;
+  const bool staged = !p.out_fp32;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = st.rs[hh];
+    const int grow = w.row0 + r;
+    if (grow >= p.rows_per_seq) continue;
+    auto val = [&](int j) {
+      float2 acc = make_float2(0.0f, 0.0f);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const float4 v =
+            uint32_t(s) == rank
+                ? (upper ? mine(kQuarterPairs + j) : mine(j))  // constant indices: o stays in registers
+                : *reinterpret_cast<const float4*>(in + s * kQuarterSlotBytes + (j * 128 + tid_in_wg) * 16);
+        acc.x = __fadd_rn(acc.x, lse::weighted(wt[hh][s], hh == 0 ? v.x : v.z));
+        acc.y = __fadd_rn(acc.y, lse::weighted(wt[hh][s], hh == 0 ? v.y : v.w));
+      }
+      return acc;
+    };
+    const int i = grow / p.num_heads, h = grow - i * p.num_heads;
+    const int64_t col0 = out_elem(p, int64_t(w.seq) * p.q_len + i, h) + 128 * int64_t(rank) + 2 * (lane & 3);
+    if (staged) {
+      uint8_t* const row = q_s + r * kQuarterPitch;
+#pragma unroll
+      for (int j = 0; j < kQuarterPairs; ++j) {
+        const float2 v = val(j);
+        *reinterpret_cast<uint32_t*>(row + (j << 4) + 4 * (lane & 3)) = pack_bf16(v.x, v.y);
+      }
+    } else {
+      float* const dst = static_cast<float*>(p.out) + col0;
+#pragma unroll
+      for (int j = 0; j < kQuarterPairs; ++j) *reinterpret_cast<float2*>(dst + j * 8) = val(j);
+    }
+    if (rank == 0 && (lane & 3) == 0) store_row_lse(p, w.seq, grow, comb[hh]);
+  }
+  if (staged) {  // this warp's 16 staged rows, one 256-byte bulk copy each
+    fence_proxy_async();
+    __syncwarp();
+    if (lane < 16) {
+      const int r = 16 * (int(threadIdx.x >> 5) & 3) + lane;
+      const int grow = w.row0 + r;
+      if (grow < p.rows_per_seq) {
+        const int i = grow / p.num_heads, h = grow - i * p.num_heads;
+        bulk_store(static_cast<uint16_t*>(p.out) + out_elem(p, int64_t(w.seq) * p.q_len + i, h) + 128 * rank,
+                   smem_addr(q_s + r * kQuarterPitch), 256);
+      }
+      bulk_store_commit_and_wait_read();
+    }
+    __syncwarp();
+  }
+  wait_cluster(bar_addr(bars, kDone), 0);  // this warpgroup's own quarter has landed in the other CTA too
 }
 
 }  // namespace mladcp::cuda_impl::sm90_pair_merge

@@ -81,12 +81,21 @@ struct Segments {
 };
 
 // This CTA's segments, from its index (row chunk, then split and sequence, or part; the pair merge: split, then row
-// chunk and sequence, so that a cluster of two holds a sequence's two splits). False where its split lies past its
+// chunk and sequence, so that a cluster of two holds a sequence's two splits; balanced in clusters of kCluster: part %
+// kCluster, then row chunk and part / kCluster). False where its split lies past its
 // sequence's splits: the CTA has nothing to do (split schedule; the grid is sized from max_seq_len). kBalanced: the
 // schedule, where the kernel is instantiated for one (1: balanced, 0: splits; -1: from p.parts).
-template <int kRows, int kBalanced = -1>
+template <int kRows, int kBalanced = -1, int kCluster = 1>
 __device__ __forceinline__ bool cta_segments(const DecodeKernelParams& p, Segments<kRows>& segs) {
   segs.balanced = kBalanced < 0 ? p.parts > 0 : kBalanced == 1;
+  // Balanced in clusters of kCluster (a constant of the kernel): parts kCluster·c + rank of a row chunk in one.
+  if (kCluster > 1 && segs.balanced) {
+    segs.rc = int((blockIdx.x / kCluster) % p.row_chunks);
+    segs.part = int((blockIdx.x / kCluster) / p.row_chunks) * kCluster + int(blockIdx.x % kCluster);
+    segs.split = 0;
+    segs.seq = -1;
+    return true;
+  }
   if (p.pair_merge) {
     segs.split = int(blockIdx.x & 1);
     segs.rc = int((blockIdx.x >> 1) % p.row_chunks);
@@ -105,8 +114,10 @@ __device__ __forceinline__ bool cta_segments(const DecodeKernelParams& p, Segmen
 // Balanced schedule: where part `part` starts, found by all kThreads threads of the CTA together (two passes over
 // the sequence lengths: the total and the longest, then the sequence holding the part's first position; the
 // uniform cut, decode_plan.h, needs the first only). `scratch`: 2 · kThreads / 32 + 2 int64 of shared memory.
+// `uniform`, where given: set to whether the cursor is the uniform cut's.
 template <int kThreads>
-__device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p, int part, int64_t* scratch) {
+__device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p, int part, int64_t* scratch,
+                                                    bool* uniform = nullptr) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int kWarps = kThreads / 32;
   auto cost_of = [&](int sq) -> int64_t {
@@ -139,6 +150,7 @@ __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p,
   }
   __syncthreads();
   const int piece_tiles = cuda_plan::uniform_piece_tiles(p.num_seqs, p.parts, total, int(max_tiles));
+  if (uniform != nullptr) *uniform = piece_tiles > 0;
   if (piece_tiles > 0) {
     const int seq = part / (p.parts / p.num_seqs);
     return cuda_plan::uniform_cursor(part, p.parts, p.num_seqs, piece_tiles,

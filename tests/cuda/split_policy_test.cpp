@@ -52,7 +52,53 @@ TEST(SplitPolicyPlan, PairMergeTakesPlansOfTwoSplits) {
   EXPECT_TRUE(f.pair_merge);
   EXPECT_FALSE(f.fused_merge);
   EXPECT_EQ(f.split_len, 2048);
-  EXPECT_FALSE(cuda_plan::make_plan(fill, 132, 64, Schedule::kBalanced, false, true).pair_merge);
+  EXPECT_FALSE(cuda_plan::make_plan(fill, 132, 64, Schedule::kBalanced, false, true).pair_merge);  // 1 cluster
+}
+
+// The balanced schedule in clusters: plans of two parts per sequence (an even count of parts) whose whole grid the
+// device runs at once in clusters of two, and of four (parts rounded down to a multiple of 4) in clusters of four; they
+// keep the workspace (the positional cut writes states there).
+TEST(SplitPolicyPlan, PairMergeTakesBalancedPlansOfTwoPartsPerSequence) {
+  using cuda_plan::Schedule;
+  const auto plan = [](int seqs, int heads, int q_len, int ctx, int64_t pair_ctas, int64_t quad_ctas = 0) {
+    return cuda_plan::make_plan(plan_params(seqs, heads, q_len, ctx), 132, 64, Schedule::kBalanced, false, pair_ctas,
+                                quad_ctas);
+  };
+  const cuda_plan::DecodePlan b64 = plan(64, 64, 1, 8192, 132, 128);  // 132 parts, 64 sequences
+  EXPECT_EQ(b64.parts, 132);
+  EXPECT_TRUE(b64.pair_merge);
+  EXPECT_EQ(b64.cluster_parts, 2);
+  EXPECT_FALSE(b64.fused_merge);
+  EXPECT_GT(b64.workspace_bytes, 0u);
+  EXPECT_GT(b64.ws_merges_offset, 0u);
+  EXPECT_TRUE(plan(32, 128, 1, 16384, 132).pair_merge);   // 66 parts of 2 row chunks, 32 sequences
+  EXPECT_TRUE(plan(45, 64, 1, 8192, 132).pair_merge);     // 132 / 45 = 2 (the last 42 parts idle in the uniform cut)
+  EXPECT_FALSE(plan(64, 64, 1, 8192, 130).pair_merge);    // the clusters of 132 CTAs do not fit at once
+  EXPECT_FALSE(plan(64, 64, 1, 8192, 0).pair_merge);      // the kernel has no clusters
+  EXPECT_FALSE(plan(44, 64, 1, 8192, 132).pair_merge);    // three parts per sequence
+  EXPECT_FALSE(plan(67, 64, 1, 8192, 132).pair_merge);    // one
+  EXPECT_FALSE(plan(16, 128, 2, 16384, 132).pair_merge);  // 33 parts of 4 row chunks: odd
+  // With the fused merge asked for, the pair plan does not take it.
+  EXPECT_FALSE(cuda_plan::make_plan(plan_params(64, 64, 1, 8192), 132, 64, Schedule::kBalanced, true, 132).fused_merge);
+  // Four parts per sequence: clusters of four where they fit, on a multiple of 4 parts.
+  const cuda_plan::DecodePlan q128 = plan(16, 128, 1, 16384, 132, 128);  // 66 parts → 64 of 2 row chunks
+  EXPECT_TRUE(q128.pair_merge);
+  EXPECT_EQ(q128.cluster_parts, 4);
+  EXPECT_EQ(q128.parts, 64);
+  EXPECT_EQ(q128.grid, 128);
+  EXPECT_GT(q128.workspace_bytes, 0u);
+  EXPECT_FALSE(plan(16, 128, 1, 16384, 132, 124).pair_merge);  // 31 clusters of four: 60 parts, three per sequence
+  EXPECT_EQ(plan(16, 128, 1, 16384, 132, 124).parts, 66);
+  EXPECT_EQ(plan(32, 64, 1, 16384, 132, 128).parts, 128);              // as many parts as the clusters of four hold
+  const cuda_plan::DecodePlan q64 = plan(32, 64, 1, 16384, 132, 132);  // 132 parts, 32 sequences
+  EXPECT_EQ(q64.cluster_parts, 4);
+  EXPECT_EQ(q64.parts, 132);
+  const cuda_plan::DecodePlan q2 = plan(8, 128, 2, 16384, 132, 128);  // 33 parts of 4 row chunks → 32
+  EXPECT_EQ(q2.cluster_parts, 4);
+  EXPECT_EQ(q2.parts, 32);
+  EXPECT_EQ(q2.grid, 128);
+  EXPECT_FALSE(plan(17, 128, 1, 16384, 132, 132).pair_merge);  // 64 parts hold only three per sequence
+  EXPECT_FALSE(plan(16, 128, 1, 16384, 132, 0).pair_merge);
 }
 
 TEST(SplitPolicyPlan, FillDeviceSplitsFewLongSequences) {
@@ -481,6 +527,65 @@ TEST(SplitPolicy, PairMergeMatchesCombineBitwise) {
         EXPECT_EQ(out_bytes[0], out_bytes[1]) << describe(cfg) << ": out differs between the merges";
         EXPECT_EQ(lse_bytes[0], lse_bytes[1]) << describe(cfg) << ": lse differs between the merges";
       }
+    }
+  }
+}
+
+// The balanced schedule in clusters (two or four parts per sequence on the Hopper 64-row kernel): under the uniform cut
+// the pieces of a sequence merge in their cluster; with lengths that differ (the positional cut), and in clusters of
+// four for a sequence of two or three pieces, the parts write states for the combine kernel. Against the oracle, and
+// bit for bit against the plain balanced plan (states merged by the combine kernel): sequences of all pieces, of fewer
+// (one: written directly), empty, 64 and 128 heads, fp8, bf16 and fp32 outputs. The batch holds parts / 2 or
+// parts / 4 sequences (parts: SMs / row chunks, rounded down to a multiple of 4).
+TEST(SplitPolicy, PairMergeOfBalancedPartsMatchesCombineBitwise) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  const auto lengths = [](int n, int len) {
+    std::vector<int> lens(size_t(n), len);
+    lens[1] = 0;        // the empty sequence's placeholder piece, written directly
+    lens[2] = len / 2;  // one piece, written directly
+    lens[3] = len - 1;  // a partial last tile
+    return lens;
+  };
+  std::vector<int> mixed(size_t(sms / 2));  // lengths far from equal: the positional cut
+  for (size_t i = 0; i < mixed.size(); ++i) mixed[i] = int(1 + (i * 389) % 1700);
+  mixed[4] = 0;
+  std::vector<int> quad = lengths(sms / 8, 1300);  // 128 heads, four parts per sequence (132 SMs: 16 of 64 parts)
+  quad[5] = 1000;                                  // three pieces of 6 tiles (and [2], two): the combine kernel
+  const std::vector<synthetic::Config> cfgs = {
+      config(64, 1, 64, lengths(sms / 2, 640), 47), config(128, 1, 64, lengths(sms / 4, 800), 48),
+      config(64, 1, 32, lengths(sms / 2, 300), 49, DType::kFP8E4M3), config(64, 1, 64, mixed, 50),
+      config(128, 1, 64, quad, 51),
+      // Four parts per sequence at one row chunk (132 SMs: 32 sequences of 128 or 132 parts).
+      config(64, 1, 64, lengths(sms / 4 - 1, 1000), 52),
+      config(64, 1, 64, lengths(sms / 4 - 1, 500), 53, DType::kFP8E4M3)};
+  for (const synthetic::Config& cfg : cfgs) {
+    const synthetic::Problem prob = make_problem(cfg);
+    const DecodeBuffers want = expected_decode(prob, LseBase::kE);
+    const DeviceProblem dev(prob);
+    const size_t T = size_t(prob.num_tokens()), H = size_t(cfg.num_heads);
+    for (const DType out_dtype : {DType::kBF16, DType::kFP32}) {
+      std::vector<uint8_t> out_bytes[2], lse_bytes[2];
+      for (const bool pair : {false, true}) {
+        CudaBackendOptions o;
+        o.balanced_clusters = pair;
+        o.fill_schedule = cuda_plan::Schedule::kBalanced;
+        auto cuda = make_cuda_backend(o);
+        const std::string what =
+            describe(cfg) + " out=" + dtype_name(out_dtype) + (pair ? " balanced pairs" : " balanced, combine kernel");
+        const auto fill = [](MlaDecodeParams& p) { p.split_policy = SplitPolicy::kFillDevice; };
+        EXPECT_TRUE(device_decode_matches(*cuda, prob, dev, want, out_dtype, LseBase::k2, what, fill));
+        GuardedBuffer out(out_dtype, T * H * kLatentDim), lse(DType::kFP32, T * H);
+        MlaDecodeParams p = dev.params(prob, out.data(), out_dtype, lse.as<float>(), LseBase::kE);
+        fill(p);
+        MLADCP_ASSERT_OK(run_device_decode(*cuda, p));
+        ASSERT_TRUE(out.download(&out_bytes[pair]));
+        ASSERT_TRUE(lse.download(&lse_bytes[pair]));
+      }
+      EXPECT_EQ(out_bytes[0], out_bytes[1]) << describe(cfg) << ": out differs between the merges";
+      EXPECT_EQ(lse_bytes[0], lse_bytes[1]) << describe(cfg) << ": lse differs between the merges";
     }
   }
 }
