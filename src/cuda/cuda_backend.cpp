@@ -302,7 +302,8 @@ class CudaBackend final : public Backend {
   cuda_plan::DecodePlan plan_on_device(const MlaDecodeParams& p, const KernelChoice& kc, const DeviceState& dev) const {
     return cuda_plan::make_plan(p, wave_ctas(kc, dev), kc.rows_per_cta, schedule(kc), kc.sm90 && opt_.fused_merge,
                                 kc.sm90 && opt_.pair_merge ? dev.sm90_pair_ctas : 0,
-                                kc.sm90 && opt_.pair_merge ? dev.sm90_quad_ctas : 0, opt_.balanced_clusters);
+                                kc.sm90 && opt_.pair_merge && opt_.balanced_quads ? dev.sm90_quad_ctas : 0,
+                                opt_.balanced_clusters);
   }
 
   BackendCapabilities caps_;

@@ -39,8 +39,10 @@ struct CudaBackendOptions {
   bool pair_merge = true;
   // true (with pair_merge): a balanced plan of two or four parts per sequence on the Hopper 64-row kernel runs its
   // parts in clusters of two or four that merge the uniform cut's pieces of a sequence the same way (decode_plan.h).
-  // false: the combine kernel for every balanced plan. Off by default until measured on the device.
-  bool balanced_clusters = false;
+  // false: the combine kernel for every balanced plan. Clusters of four only with balanced_quads (off by default:
+  // no faster than the combine kernel on an H100, docs/perf/gpu-sm90-balanced-clusters-2026-12-07.md).
+  bool balanced_clusters = true;
+  bool balanced_quads = false;
 };
 
 // The layout rules of the cuda kernels for a call that passed validate_decode (p with default

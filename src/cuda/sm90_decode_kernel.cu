@@ -6,7 +6,9 @@
 // CTA writes the normalized fp32 partial state for the combine kernel (a plan of two splits per sequence: the two
 // CTAs, a cluster, merge their states in shared memory instead; sm90_pair_merge.cuh). Balanced schedule
 // (decode_plan.h): one CTA = one (part, chunk of 64 query rows), running the pieces of its part one sequence after the
-// other, each written directly or as the part's partial state of that sequence (slot 0 or 1) with a merge record.
+// other, each written directly or as the part's partial state of that sequence (slot 0 or 1) with a merge record (a
+// plan of two or four parts per sequence runs in clusters: under the uniform cut they merge a sequence's pieces in
+// shared memory, sm90_pair_merge.cuh).
 //
 // Threads: three warpgroups (384).
 //   warpgroup 2, the producer: two threads (one per stage; fp8: one) read the block table and issue bulk tensor

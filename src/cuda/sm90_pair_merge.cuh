@@ -21,6 +21,8 @@
 // cluster barrier arrived at at the kernel's start and waited for here orders the barriers' initialization before
 // any remote arrival. A CTA whose sequence has one split (the other split CTA exits at once) writes directly and
 // touches no other CTA.
+// A balanced plan of two parts per sequence runs the same merge on the uniform cut's two pieces of a sequence (parts 2c
+// and 2c + 1 of a row chunk, one cluster); one of four parts, merge_quad below.
 // Included by sm90_decode_kernel.cu only (sm_90a).
 #pragma once
 

@@ -571,6 +571,7 @@ TEST(SplitPolicy, PairMergeOfBalancedPartsMatchesCombineBitwise) {
       for (const bool pair : {false, true}) {
         CudaBackendOptions o;
         o.balanced_clusters = pair;
+        o.balanced_quads = pair;
         o.fill_schedule = cuda_plan::Schedule::kBalanced;
         auto cuda = make_cuda_backend(o);
         const std::string what =
