@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_timeline::trace_clear(Smem::trace);
 #endif
   }
-  // A balanced plan in clusters (two parts per sequence) under the uniform cut: the two pieces of a sequence are the
-  // cluster's two CTAs, which merge them (with the positional cut, states and records for the combine kernel).
+  // A balanced plan in clusters (kCluster parts per sequence) under the uniform cut: the pieces of a sequence are the
+  // cluster's CTAs, which merge them (with the positional cut, states and records for the combine kernel).
   bool pieces_paired = false;
   if (segs.balanced)
     segs.cur = sm90_segments::balanced_start<kThreads>(p, segs.part, reinterpret_cast<int64_t*>(smem + Smem::red),
@@ -639,24 +639,18 @@ cudaError_t launch_sm90_decode(const DecodeKernelParams& p, bool fp8, int64_t gr
     attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
     attr[cfg.numAttrs++].val.clusterDim = {unsigned(cluster), 1, 1};
   }
-  if (cluster == 4) {
-    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, 4, true>, p, map, q_map, false);
-    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, 4, true>, p, map, q_map, q_copied);
-  }
-  if (cluster == 2 && p.parts > 0) {
-    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, 2, true>, p, map, q_map, false);
-    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, 2, true>, p, map, q_map, q_copied);
-  }
-  if (cluster == 2) {
-    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, 2, false>, p, map, q_map, false);
-    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, 2, false>, p, map, q_map, q_copied);
-  }
-  if (p.parts > 0) {
-    if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, 1, true>, p, map, q_map, false);
-    return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, 1, true>, p, map, q_map, q_copied);
-  }
-  if (fp8) return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<true, 1, false>, p, map, q_map, false);
-  return cudaLaunchKernelEx(&cfg, mla_decode_sm90_kernel<false, 1, false>, p, map, q_map, q_copied);
+  // The plan's instantiation (fp8 caches: the consumers load the queries).
+  auto launch = [&](auto bf16_kernel, auto fp8_kernel) {
+    return fp8 ? cudaLaunchKernelEx(&cfg, fp8_kernel, p, map, q_map, false)
+               : cudaLaunchKernelEx(&cfg, bf16_kernel, p, map, q_map, q_copied);
+  };
+  const bool balanced = p.parts > 0;
+  if (cluster == 4) return launch(mla_decode_sm90_kernel<false, 4, true>, mla_decode_sm90_kernel<true, 4, true>);
+  if (cluster == 2 && balanced)
+    return launch(mla_decode_sm90_kernel<false, 2, true>, mla_decode_sm90_kernel<true, 2, true>);
+  if (cluster == 2) return launch(mla_decode_sm90_kernel<false, 2, false>, mla_decode_sm90_kernel<true, 2, false>);
+  if (balanced) return launch(mla_decode_sm90_kernel<false, 1, true>, mla_decode_sm90_kernel<true, 1, true>);
+  return launch(mla_decode_sm90_kernel<false, 1, false>, mla_decode_sm90_kernel<true, 1, false>);
 }
 
 }  // namespace mladcp::cuda_impl

@@ -102,6 +102,15 @@ __device__ __forceinline__ void init_barriers(uint8_t* smem) {
   mbar_init(bars + 8 * kDone, kCluster - 1);
 }
 
+// Column group j (of 32) of both rows of this thread, normalized as the workspace state would be (a segment without
+// tiles: zeros, O was never written).
+__device__ __forceinline__ float4 normalized_columns(const float (&o)[128], const sm90_consumer::RowEnd (&end)[2],
+                                                     bool none, int j) {
+  if (none) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  return make_float4(o[4 * j] * end[0].inv, o[4 * j + 1] * end[0].inv, o[4 * j + 2] * end[1].inv,
+                     o[4 * j + 3] * end[1].inv);
+}
+
 // The epilogue of a pair-merge segment (w: one of the sequence's two splits), by all 256 consumer threads after the
 // row sums' barrier: in place of write_rows.
 __device__ __forceinline__ void merge_pair(const DecodeKernelParams& p, const CtaWork& w, const RowState& st,
@@ -120,12 +129,7 @@ __device__ __forceinline__ void merge_pair(const DecodeKernelParams& p, const Ct
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) end[hh] = sm90_consumer::row_end(p, st, red, hh);
   const bool none = w.ntiles == 0;
-  // Column pair j of both rows, normalized as the workspace state would be.
-  auto mine = [&](int j) {
-    if (none) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    return make_float4(o[4 * j] * end[0].inv, o[4 * j + 1] * end[0].inv, o[4 * j + 2] * end[1].inv,
-                       o[4 * j + 3] * end[1].inv);
-  };
+  auto mine = [&](int j) { return normalized_columns(o, end, none, j); };
   if (uint32_t(wg) != rank) {  // send: the other CTA finishes these columns
     wait_cluster(bar_addr(bars, kFree), 0);
     const uint32_t dst = map_rank(ring, other), full = map_rank(bar_addr(bars, kFull), other);
@@ -220,11 +224,7 @@ __device__ __forceinline__ void merge_quad(const DecodeKernelParams& p, const Ct
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) end[hh] = sm90_consumer::row_end(p, st, red, hh);
   const bool none = w.ntiles == 0;
-  auto mine = [&](int j) {  // column group j (of 32) of both rows, normalized as the workspace state would be
-    if (none) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    return make_float4(o[4 * j] * end[0].inv, o[4 * j + 1] * end[0].inv, o[4 * j + 2] * end[1].inv,
-                       o[4 * j + 3] * end[1].inv);
-  };
+  auto mine = [&](int j) { return normalized_columns(o, end, none, j); };
   wait_cluster(bar_addr(bars, kFree), 0);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

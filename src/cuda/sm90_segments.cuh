@@ -82,9 +82,9 @@ struct Segments {
 
 // This CTA's segments, from its index (row chunk, then split and sequence, or part; the pair merge: split, then row
 // chunk and sequence, so that a cluster of two holds a sequence's two splits; balanced in clusters of kCluster: part %
-// kCluster, then row chunk and part / kCluster). False where its split lies past its
-// sequence's splits: the CTA has nothing to do (split schedule; the grid is sized from max_seq_len). kBalanced: the
-// schedule, where the kernel is instantiated for one (1: balanced, 0: splits; -1: from p.parts).
+// kCluster, then row chunk and part / kCluster). False where its split lies past its sequence's splits: the CTA has
+// nothing to do (split schedule; the grid is sized from max_seq_len). kBalanced: the schedule, where the kernel is
+// instantiated for one (1: balanced, 0: splits; -1: from p.parts).
 template <int kRows, int kBalanced = -1, int kCluster = 1>
 __device__ __forceinline__ bool cta_segments(const DecodeKernelParams& p, Segments<kRows>& segs) {
   segs.balanced = kBalanced < 0 ? p.parts > 0 : kBalanced == 1;
