@@ -65,7 +65,8 @@ struct DecodeKernelParams {
   // 2 · (row chunk + row_chunks · sequence), launched in clusters of 2 that merge the two states; no combine kernel.
   // With parts > 0: a balanced plan of cluster_parts (2 or 4) parts per sequence, CTA index part % C + C · (row chunk +
   // row_chunks · (part / C)), launched in clusters of C that merge the uniform cut's C pieces of a sequence (the
-  // combine kernel runs as well).
+  // combine kernel runs as well); with the positional cut the kernel maps CTA index row chunk + row_chunks · part
+  // instead, the plain balanced plan's, so that a cluster holds the row chunks of one part.
   bool pair_merge = false;
   int cluster_parts = 0;
 };

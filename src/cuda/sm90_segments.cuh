@@ -82,9 +82,10 @@ struct Segments {
 
 // This CTA's segments, from its index (row chunk, then split and sequence, or part; the pair merge: split, then row
 // chunk and sequence, so that a cluster of two holds a sequence's two splits; balanced in clusters of kCluster: part %
-// kCluster, then row chunk and part / kCluster). False where its split lies past its sequence's splits: the CTA has
-// nothing to do (split schedule; the grid is sized from max_seq_len). kBalanced: the schedule, where the kernel is
-// instantiated for one (1: balanced, 0: splits; -1: from p.parts).
+// kCluster, then row chunk and part / kCluster, for the uniform cut; the kernel remaps the positional cut's). False
+// where its split lies past its sequence's splits: the CTA has nothing to do (split schedule; the grid is sized from
+// max_seq_len). kBalanced: the schedule, where the kernel is instantiated for one (1: balanced, 0: splits; -1: from
+// p.parts).
 template <int kRows, int kBalanced = -1, int kCluster = 1>
 __device__ __forceinline__ bool cta_segments(const DecodeKernelParams& p, Segments<kRows>& segs) {
   segs.balanced = kBalanced < 0 ? p.parts > 0 : kBalanced == 1;
@@ -114,10 +115,11 @@ __device__ __forceinline__ bool cta_segments(const DecodeKernelParams& p, Segmen
 // Balanced schedule: where part `part` starts, found by all kThreads threads of the CTA together (two passes over
 // the sequence lengths: the total and the longest, then the sequence holding the part's first position; the
 // uniform cut, decode_plan.h, needs the first only). `scratch`: 2 · kThreads / 32 + 2 int64 of shared memory.
-// `uniform`, where given: set to whether the cursor is the uniform cut's.
-template <int kThreads>
+// `uniform`, where given: set to whether the cursor is the uniform cut's. kPositionalPart: the positional cut's
+// cursor is that of part `positional_part` instead (a balanced plan in clusters maps its CTAs by the cut).
+template <int kThreads, bool kPositionalPart = false>
 __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p, int part, int64_t* scratch,
-                                                    bool* uniform = nullptr) {
+                                                    bool* uniform = nullptr, int positional_part = 0) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int kWarps = kThreads / 32;
   auto cost_of = [&](int sq) -> int64_t {
@@ -156,6 +158,7 @@ __device__ cuda_plan::BalancedCursor balanced_start(const DecodeKernelParams& p,
     return cuda_plan::uniform_cursor(part, p.parts, p.num_seqs, piece_tiles,
                                      seq < p.num_seqs ? int(local_tiles(p, seq)) : 0);
   }
+  if constexpr (kPositionalPart) part = positional_part;
   const int64_t per_part = (total + p.parts - 1) / p.parts;
   const int64_t begin = int64_t(part) * per_part;
   // Sequence s holds positions [C_s, C_s + cost_s): a block scan of the costs, chunk by chunk.
