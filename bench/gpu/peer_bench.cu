@@ -9,9 +9,11 @@
 // with events right around the call (device time only); the median. One key cache, no rotation.
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
-//                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fused,
-//                                      fp8,fp8-fused,fp8-portable,fp8-all] [--hot-pages N] [--timeline]
-// loaded-queries: the default with the Hopper kernel's consumers loading the query rows (no copy by the producer).
+//                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,
+//                                      balanced-loaded,fused,fp8,fp8-fused,fp8-portable,fp8-all] [--hot-pages N]
+//                                      [--timeline]
+// loaded-queries: the default with the Hopper kernel's consumers loading the query rows (no copy by the producer);
+// balanced-loaded: the same with the balanced schedule forced.
 // fused, fp8-fused: the default with the Hopper 64-row kernel's fused merge (CudaBackendOptions::fused_merge).
 // fp8 policies: the same case on an fp8-e4m3 copy of the cache (kv_scale 1/8; no peer runs it): fp8 the default
 // backend, fp8-portable the portable kernel, fp8-all every row count on the Hopper fp8 kernel.
@@ -345,7 +347,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
-                   "[--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,fused,fp8,"
+                   "[--policies "
+                   "default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,balanced-loaded,fused,fp8,"
                    "fp8-fused,fp8-portable,fp8-all] "
                    "[--hot-pages N] [--timeline] [--chunk0-only]\n",
                    argv[0]);
@@ -383,6 +386,10 @@ int main(int argc, char** argv) {
   mladcp::CudaBackendOptions loaded_opt;
   loaded_opt.copy_queries = false;
   const std::unique_ptr<mladcp::Backend> loaded = mladcp::make_cuda_backend(loaded_opt);
+  mladcp::CudaBackendOptions balanced_loaded_opt;
+  balanced_loaded_opt.fill_schedule = mladcp::cuda_plan::Schedule::kBalanced;
+  balanced_loaded_opt.copy_queries = false;
+  const std::unique_ptr<mladcp::Backend> balanced_loaded = mladcp::make_cuda_backend(balanced_loaded_opt);
   mladcp::CudaBackendOptions fp8_all_opt;
   fp8_all_opt.hopper_fp8_max_rows = 1 << 30;
   const std::unique_ptr<mladcp::Backend> fp8_all = mladcp::make_cuda_backend(fp8_all_opt);
@@ -408,6 +415,9 @@ int main(int argc, char** argv) {
       policies.push_back({"mladcp-hopper-all", true, mladcp::SplitPolicy::kFillDevice, true, hopper_all.get()});
     else if (name == "loaded-queries")
       policies.push_back({"mladcp-loaded-queries", false, mladcp::SplitPolicy::kBatchInvariant, true, loaded.get()});
+    else if (name == "balanced-loaded")
+      policies.push_back(
+          {"mladcp-balanced-loaded", true, mladcp::SplitPolicy::kFillDevice, true, balanced_loaded.get()});
     else if (name == "fused")
       policies.push_back({"mladcp-fused", false, mladcp::SplitPolicy::kBatchInvariant, true, fused.get()});
     else if (name == "fp8-fused")
