@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // A balanced plan in clusters (kCluster parts per sequence) under the uniform cut: the pieces of a sequence are the
   // cluster's CTAs, which merge them (with the positional cut, states and records for the combine kernel).
   // With the positional cut, the CTAs take the plain balanced plan's parts and row chunks instead (row chunk +
-  // row_chunks · part), so that a cluster holds the row chunks of a part, which read the same keys: 3-6% faster than
-  // parts 2c and 2c + 1 of one row chunk (docs/perf/gpu-sm90-cluster-row-chunks-2026-12-07.md).
+  // row_chunks · part), so that a cluster holds the row chunks of a part, which read the same keys: 1.3-5.6% faster
+  // than parts 2c and 2c + 1 of one row chunk (docs/perf/gpu-sm90-cluster-row-chunks-2026-12-07.md).
   bool pieces_paired = false;
   const int plain_part = int(blockIdx.x / p.row_chunks), plain_rc = int(blockIdx.x % p.row_chunks);
   if (segs.balanced)
