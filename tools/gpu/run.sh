@@ -301,7 +301,7 @@ if want peerprofile; then
   ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)"
   sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
     --section WarpStateStats --section InstructionStats --section SchedulerStats --section LaunchStats
-    --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second)
+    --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct)
   : >"$out/peerprofile.log"
   if ! ls "$peers"/flashmla/flash_mla/cuda*.so >/dev/null 2>&1; then
     timeout "$(cap 300 60)" bash "$peers/build_flashmla.sh" >>"$out/peerprofile.log" 2>&1
