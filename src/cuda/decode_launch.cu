@@ -48,6 +48,11 @@ namespace {
 // state per warp adds the same terms in the same order), and a row of more states always takes the second: the
 // result depends only on the row's own states, whatever the batch or the mode.
 constexpr int kCombineWarps = 8, kCombineCtasPerSm = 8, kCombineFewStates = 8;
+// States a warp loads at once in the mode for rows of few states (see StateBatch).
+#ifndef MLADCP_COMBINE_FEW_BATCH
+#define MLADCP_COMBINE_FEW_BATCH 2
+#endif
+constexpr int kCombineFewBatch = MLADCP_COMBINE_FEW_BATCH;
 
 // Partial state `s` of a row: its workspace index (balanced schedule: the s-th part's slot).
 struct RowStates {
@@ -193,7 +198,7 @@ __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4
     if (row < rows && p.parts > 0) state = row_states(p, seq, grow);
     if (state.count > 1 && state.count <= kCombineFewStates) {
       float4 acc[4];
-      const lse::Combiner c = merge_states<2>(p, state, 0, 1, acc);
+      const lse::Combiner c = merge_states<kCombineFewBatch>(p, state, 0, 1, acc);
       const int64_t o = row_out(p, seq, grow);
 #pragma unroll
       for (int i = 0; i < 4; ++i) store4(p.out, p.out_fp32, o + 4 * (lane + 32 * i), acc[i]);
@@ -209,7 +214,7 @@ __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4
 
 // kFew: units of 8 rows (rows of few states), else of one row (see above).
 template <bool kFew>
-__global__ void __launch_bounds__(kCombineWarps * 32, kFew ? 1 : 2)
+__global__ void __launch_bounds__(kCombineWarps * 32, kFew && kCombineFewBatch <= 2 ? 1 : 2)
     mla_decode_combine_kernel(const DecodeKernelParams p) {
   __shared__ float4 part[kCombineWarps][kLatentDim / 4];
   __shared__ int many[kCombineWarps];
