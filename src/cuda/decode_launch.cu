@@ -214,7 +214,7 @@ __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4
 
 // kFew: units of 8 rows (rows of few states), else of one row (see above).
 template <bool kFew>
-__global__ void __launch_bounds__(kCombineWarps * 32, kFew && kCombineFewBatch <= 2 ? 1 : 2)
+__global__ void __launch_bounds__(kCombineWarps * 32, kFew&& kCombineFewBatch <= 2 ? 1 : 2)
     mla_decode_combine_kernel(const DecodeKernelParams p) {
   __shared__ float4 part[kCombineWarps][kLatentDim / 4];
   __shared__ int many[kCombineWarps];
