@@ -477,6 +477,78 @@ TEST(SplitPolicy, FusedMergeMatchesCombineBitwise) {
   }
 }
 
+// The combine kernel's rows of few states merged by single warps, by quads of warps with the states in registers and
+// by quads with the states copied into shared memory (CudaBackendOptions::combine_rows): against the oracle, and the
+// same bits. Both schedules with the combine kernel (no pair merge, no clusters): rows of 2-8 states, of more in the
+// few-states mode (one long sequence among short ones, balanced), of one state and empty ones; 16-128 heads, q_len 2,
+// pages of 16-64 keys, a DCP shard, bf16 and fp32 outputs; and (bits only) a batch of 25600 rows, more than a quad's
+// window of 32 rows on a device of up to 132 SMs.
+TEST(SplitPolicy, CombineRowsMatchBitwise) {
+  MLADCP_SKIP_WITHOUT_GPU();
+  std::vector<int> one_long(40);
+  for (size_t i = 0; i < one_long.size(); ++i) one_long[i] = int(1 + (i * 17) % 60);
+  one_long[3] = 14000;
+  std::vector<int> many_rows(200);  // 64 heads × q_len 2: 128 rows per sequence
+  for (size_t i = 0; i < many_rows.size(); ++i)
+    many_rows[i] = i % 20 == 7 ? int(2049 + i * 37 % 2000) : int(2 + i % 29);
+  many_rows[198] = 3000;
+  many_rows[199] = 2500;
+  const std::vector<int> lens = {4096, 3001, 2049, 6000, 1, 0, 9000, 17, 2111};
+  const std::vector<int> lens_q2 = {4096, 3001, 2049, 6000, 2, 0, 9000, 17, 2111};
+  struct Case {
+    synthetic::Config cfg;
+    bool oracle;
+  };
+  const std::vector<Case> cases = {
+      {config(64, 1, 64, one_long, 61), true},
+      {config(128, 1, 64, lens, 62), true},
+      {config(64, 2, 32, lens_q2, 63), true},
+      {config(16, 1, 64, lens, 64), true},
+      {config(128, 1, 16, {8192, 6000, 4097, 30, 0, 4200}, 65, DType::kBF16, {2, 1, 1}), true},
+      {config(64, 2, 64, many_rows, 66), false}};
+  const cuda_plan::CombineRows modes[] = {cuda_plan::CombineRows::kWarps, cuda_plan::CombineRows::kQuads,
+                                          cuda_plan::CombineRows::kQuadsCopied};
+  const char* mode_names[] = {"warps", "quads", "quads copied"};
+  for (const Case& c : cases) {
+    const synthetic::Problem prob = make_problem(c.cfg);
+    const DecodeBuffers want = c.oracle ? expected_decode(prob, LseBase::kE) : DecodeBuffers{};
+    const DeviceProblem dev(prob);
+    const size_t T = size_t(prob.num_tokens()), H = size_t(c.cfg.num_heads);
+    for (const cuda_plan::Schedule schedule : {cuda_plan::Schedule::kSplits, cuda_plan::Schedule::kBalanced}) {
+      for (const DType out_dtype : {DType::kBF16, DType::kFP32}) {
+        std::vector<uint8_t> out_bytes[3], lse_bytes[3];
+        for (int m = 0; m < 3; ++m) {
+          CudaBackendOptions o;
+          o.fill_schedule = schedule;
+          o.pair_merge = false;
+          o.combine_rows = modes[m];
+          auto cuda = make_cuda_backend(o);
+          const std::string what = describe(c.cfg) +
+                                   (schedule == cuda_plan::Schedule::kBalanced ? " balanced" : " splits") +
+                                   " out=" + dtype_name(out_dtype) + " rows by " + mode_names[m];
+          // Splits: the batch-invariant plan's splits of 2048 keys (at most 8 per row here but in one_long: the mode
+          // for rows of few states); balanced: kFillDevice.
+          const SplitPolicy policy =
+              schedule == cuda_plan::Schedule::kBalanced ? SplitPolicy::kFillDevice : SplitPolicy::kBatchInvariant;
+          const auto fill = [policy](MlaDecodeParams& p) { p.split_policy = policy; };
+          if (c.oracle && m > 0)
+            EXPECT_TRUE(device_decode_matches(*cuda, prob, dev, want, out_dtype, LseBase::kE, what, fill));
+          GuardedBuffer out(out_dtype, T * H * kLatentDim), lse(DType::kFP32, T * H);
+          MlaDecodeParams p = dev.params(prob, out.data(), out_dtype, lse.as<float>(), LseBase::kE);
+          fill(p);
+          MLADCP_ASSERT_OK(run_device_decode(*cuda, p));
+          ASSERT_TRUE(out.download(&out_bytes[m]));
+          ASSERT_TRUE(lse.download(&lse_bytes[m]));
+          if (m > 0) {
+            EXPECT_EQ(out_bytes[0], out_bytes[m]) << what << ": out differs from the rows by warps";
+            EXPECT_EQ(lse_bytes[0], lse_bytes[m]) << what << ": lse differs from the rows by warps";
+          }
+        }
+      }
+    }
+  }
+}
+
 // The pair merge (a split plan of two splits per sequence on the Hopper 64-row kernel: each sequence's two split
 // CTAs run as a cluster and merge their states in shared memory) against the oracle, and bit for bit against the
 // combine kernel on the same plan (batch invariance across the two merges): both policies, sequences of one and two
