@@ -10,13 +10,11 @@
 //
 // Usage: mladcp_peer_bench --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX]
 //                          [--policies default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,
-//                                      balanced-loaded,fused,quads,quads-copied,fp8,fp8-fused,fp8-portable,fp8-all]
-//                          [--hot-pages N] [--timeline]
+//                                      balanced-loaded,fused,fp8,fp8-fused,fp8-portable,fp8-all] [--hot-pages N]
+//                                      [--timeline]
 // loaded-queries: the default with the Hopper kernel's consumers loading the query rows (no copy by the producer);
 // balanced-loaded: the same with the balanced schedule forced.
 // fused, fp8-fused: the default with the Hopper 64-row kernel's fused merge (CudaBackendOptions::fused_merge).
-// quads, quads-copied: the default with the combine kernel's rows of few states by quads of warps
-// (CudaBackendOptions::combine_rows: kQuads, kQuadsCopied).
 // fp8 policies: the same case on an fp8-e4m3 copy of the cache (kv_scale 1/8; no peer runs it): fp8 the default
 // backend, fp8-portable the portable kernel, fp8-all every row count on the Hopper fp8 kernel.
 // --timeline (a build with -DMLADCP_SM90_TIMELINE=ON): after each case, one more call with the Hopper kernel's per-CTA
@@ -398,11 +396,6 @@ int main(int argc, char** argv) {
   mladcp::CudaBackendOptions fused_opt;
   fused_opt.fused_merge = true;
   const std::unique_ptr<mladcp::Backend> fused = mladcp::make_cuda_backend(fused_opt);
-  mladcp::CudaBackendOptions quads_opt;
-  quads_opt.combine_rows = mladcp::cuda_plan::CombineRows::kQuads;
-  const std::unique_ptr<mladcp::Backend> quads = mladcp::make_cuda_backend(quads_opt);
-  quads_opt.combine_rows = mladcp::cuda_plan::CombineRows::kQuadsCopied;
-  const std::unique_ptr<mladcp::Backend> quads_copied = mladcp::make_cuda_backend(quads_opt);
   std::vector<Policy> policies;
   std::stringstream ps(policies_arg);
   for (std::string name; std::getline(ps, name, ',');) {
@@ -427,11 +420,6 @@ int main(int argc, char** argv) {
           {"mladcp-balanced-loaded", true, mladcp::SplitPolicy::kFillDevice, true, balanced_loaded.get()});
     else if (name == "fused")
       policies.push_back({"mladcp-fused", false, mladcp::SplitPolicy::kBatchInvariant, true, fused.get()});
-    else if (name == "quads")
-      policies.push_back({"mladcp-quads", false, mladcp::SplitPolicy::kBatchInvariant, true, quads.get()});
-    else if (name == "quads-copied")
-      policies.push_back(
-          {"mladcp-quads-copied", false, mladcp::SplitPolicy::kBatchInvariant, true, quads_copied.get()});
     else if (name == "fp8-fused")
       policies.push_back({"mladcp-fp8-fused", false, mladcp::SplitPolicy::kBatchInvariant, true, fused.get(), true});
     else if (name == "fp8")
@@ -444,8 +432,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "--policies: '%s' is not default, invariant, fill, nolse, splits, balanced, hopper-all, "
-                   "loaded-queries, balanced-loaded, fused, quads, quads-copied, fp8, fp8-fused, fp8-portable or "
-                   "fp8-all\n",
+                   "loaded-queries, fused, fp8, fp8-fused, fp8-portable or fp8-all\n",
                    name.c_str());
       return 2;
     }

@@ -267,7 +267,6 @@ class CudaBackend final : public Backend {
     k.shard = p.shard;
     k.pair_merge = plan.pair_merge;
     k.cluster_parts = plan.cluster_parts;
-    k.combine_rows = opt_.combine_rows;
     if (plan.workspace_bytes > 0) {
       uint8_t* ws = static_cast<uint8_t*>(ctx.workspace);
       if (plan.parts > 0) k.ws_record = reinterpret_cast<cuda_plan::BalancedRecord*>(ws + plan.ws_record_offset);

@@ -43,8 +43,6 @@ struct CudaBackendOptions {
   // no faster than the combine kernel on an H100, docs/perf/gpu-sm90-balanced-clusters-2026-12-07.md).
   bool balanced_clusters = true;
   bool balanced_quads = false;
-  // The combine kernel's rows of few states (decode_plan.h, CombineRows): the same bits whichever; under measurement.
-  cuda_plan::CombineRows combine_rows = cuda_plan::CombineRows::kWarps;
 };
 
 // The layout rules of the cuda kernels for a call that passed validate_decode (p with default

@@ -69,8 +69,6 @@ struct DecodeKernelParams {
   // instead, the plain balanced plan's, so that a cluster holds the row chunks of one part.
   bool pair_merge = false;
   int cluster_parts = 0;
-  // The combine kernel's rows of few states (decode_launch.cu).
-  cuda_plan::CombineRows combine_rows = cuda_plan::CombineRows::kWarps;
 };
 
 // Dynamic shared memory of the split kernel for a shape (bytes).

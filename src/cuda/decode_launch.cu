@@ -54,11 +54,6 @@ constexpr int kCombineWarps = 8, kCombineCtasPerSm = 8, kCombineFewStates = 8;
 #define MLADCP_COMBINE_FEW_BATCH 2
 #endif
 constexpr int kCombineFewBatch = MLADCP_COMBINE_FEW_BATCH;
-// The quads' kernels (CombineRows::kQuads, kQuadsCopied): 4 warps merge a row, a CTA's two quads two rows at once; at
-// most 3 CTAs per SM (kQuads: 80 registers, at 64 the states spill; kQuadsCopied: 64 KiB of shared memory per CTA).
-constexpr int kQuadWarps = 4, kQuadsPerCta = kCombineWarps / kQuadWarps, kQuadCtasPerSm = 3;
-constexpr int kQuadBuffers = 2;  // kQuadsCopied: rows in flight per quad
-constexpr size_t kQuadSmemBytes = size_t(kQuadBuffers) * kCombineFewStates * kCombineWarps * 32 * sizeof(float4);
 
 // Partial state `s` of a row: its workspace index (balanced schedule: the s-th part's slot).
 struct RowStates {
@@ -66,39 +61,22 @@ struct RowStates {
   int64_t first = 0, step = 0, slot0 = 0;
   __device__ int64_t operator()(int s) const { return first + s * step + (s == 0 ? slot0 : 0); }
 };
-// What a row's states are found from, read from memory first (the balanced schedule's merge record, written by the
-// split kernel; the split schedule's sequence length), then turned into its states (row_states_from).
-struct RowFetch {
-  cuda_plan::BalancedRecord rec;
-  int len;
-};
-__device__ __forceinline__ RowFetch row_fetch(const DecodeKernelParams& p, int seq, int grow) {
-  RowFetch f{};
-  if (p.parts > 0)
-    f.rec = p.ws_record[int64_t(seq) * p.row_chunks + grow / p.rows_per_cta];
-  else
-    f.len = p.seq_lens[seq];
-  return f;
-}
-__device__ __forceinline__ RowStates row_states_from(const DecodeKernelParams& p, int seq, int grow,
-                                                     const RowFetch& f) {
+__device__ __forceinline__ RowStates row_states(const DecodeKernelParams& p, int seq, int grow) {
   RowStates r;
   if (p.parts > 0) {
-    r.count = f.rec.parts;
-    r.first = int64_t(f.rec.first_part) * 2 * p.rows_per_seq + grow;
+    const cuda_plan::BalancedRecord rec = p.ws_record[int64_t(seq) * p.row_chunks + grow / p.rows_per_cta];
+    r.count = rec.parts;
+    r.first = int64_t(rec.first_part) * 2 * p.rows_per_seq + grow;
     r.step = 2 * int64_t(p.rows_per_seq);
-    r.slot0 = int64_t(f.rec.slot) * p.rows_per_seq;
+    r.slot0 = int64_t(rec.slot) * p.rows_per_seq;
   } else {
-    const int len = f.len < 0 ? 0 : (f.len > p.max_seq_len ? p.max_seq_len : f.len);  // as clamped_len
+    const int len = clamped_len(p, seq);
     const int64_t n_max = sharding::local_len(len, p.shard.world, p.shard.rank, p.shard.interleave);
     r.count = cuda_plan::num_splits(n_max, p.split_len);
     r.first = int64_t(seq) * p.max_splits * p.rows_per_seq + grow;
     r.step = p.rows_per_seq;
   }
   return r;
-}
-__device__ __forceinline__ RowStates row_states(const DecodeKernelParams& p, int seq, int grow) {
-  return row_states_from(p, seq, grow, row_fetch(p, seq, grow));
 }
 
 // The weights of a row's states (warp_combiner, decode_kernel.cuh).
@@ -235,240 +213,6 @@ __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4
   }
 }
 
-// ---- Rows of few states by quads of warps (CombineRows::kQuads, kQuadsCopied) ----
-// The single-warp mode keeps two states of a row in flight per warp and reads a balanced plan's merge flag and record
-// one after the other: a row of 5 states waits through ~5 dependent memory latencies (2 CTAs per SM, 122 registers).
-// Here a row is merged by a quad of 4 warps, warp q owning output columns [128q, 128q + 128) (a float4 per lane and
-// state): all of a row's states (at most kCombineFewStates) and its LSEs are in flight at once, and the records come
-// 32 rows at a time: one memory latency per row with states (3 CTAs per SM, 80 registers). Quad k of CTA
-// b takes rows 2b + k, 2b + k + 2 · gridDim.x, ... The bits are those of the other modes: per column, +0 then the
-// weighted states in order; a row of more states sums the 8 chains s ≡ w (mod 8), each from +0, in chain order, as
-// combine_row_by_cta does.
-
-// A lane's float4 of workspace state `index` (`lane_base`: ws_o as float4 plus the lane's column block). The index is
-// taken modulo 2^32: a workspace of 2^32 states would hold 8 TiB.
-__device__ __forceinline__ float4 load_state4(const float4* lane_base, int64_t index) {
-  return __ldcs(lane_base + uint32_t(index) * uint32_t(kLatentDim / 4));
-}
-
-// A row of more than kCombineFewStates states, by one quad: chains w = 0..7 (states w, w + 8, ...; 4 loads in flight),
-// each summed from +0, the chains added in order.
-__device__ float4 quad_sum_chains(const DecodeKernelParams& p, const RowStates& state, const lse::Combiner& c,
-                                  const float4* lane_base) {
-  constexpr int kChainBatch = 4;
-  float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int w = 0; w < kCombineWarps; ++w) {
-    float4 chain = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = w; s0 < state.count; s0 += kCombineWarps * kChainBatch) {
-      float4 v[kChainBatch];
-#pragma unroll
-      for (int k = 0; k < kChainBatch; ++k)
-        if (s0 + k * kCombineWarps < state.count) v[k] = load_state4(lane_base, state(s0 + k * kCombineWarps));
-#pragma unroll
-      for (int k = 0; k < kChainBatch; ++k)
-        if (s0 + k * kCombineWarps < state.count)
-          add_weighted(chain, c.weight(p.ws_lse[state(s0 + k * kCombineWarps)]), v[k]);
-    }
-    if (w == 0) {
-      total = chain;
-    } else {
-      total.x += chain.x;
-      total.y += chain.y;
-      total.z += chain.z;
-      total.w += chain.w;
-    }
-  }
-  return total;
-}
-
-// A quad's rows: row, row + step, ... (step: 2 · gridDim.x), as (sequence, row within it), stepped without divisions.
-// Their records (or lengths) are read 32 rows at a time, lane j's for the window's j-th row: a row without states to
-// merge then costs no memory latency of its own. The split schedule's first window is read from the lengths before
-// the wait for the split kernel, the balanced one's records after it, together with the merge flag.
-struct QuadRows {
-  int64_t row, step;
-  int seq, grow, step_seqs, step_rows, j;
-  RowFetch mine;
-};
-__device__ __forceinline__ RowFetch fetch_window(const DecodeKernelParams& p, int64_t rows, int64_t window_row,
-                                                 int64_t step) {
-  const int64_t r = window_row + (threadIdx.x & 31) * step;
-  if (r >= rows) return RowFetch{};
-  const int seq = int(r / p.rows_per_seq);
-  return row_fetch(p, seq, int(r - int64_t(seq) * p.rows_per_seq));
-}
-// Waits for the split kernel; false: nothing to merge.
-__device__ __forceinline__ bool quad_rows_start(const DecodeKernelParams& p, int64_t rows, QuadRows& q) {
-  q.step = int64_t(gridDim.x) * kQuadsPerCta;
-  q.row = int64_t(blockIdx.x) * kQuadsPerCta + (threadIdx.x >> 5) / kQuadWarps;
-  q.step_seqs = int(q.step / p.rows_per_seq);
-  q.step_rows = int(q.step - int64_t(q.step_seqs) * p.rows_per_seq);
-  q.seq = int(q.row / p.rows_per_seq);
-  q.grow = int(q.row - int64_t(q.seq) * p.rows_per_seq);
-  q.j = 0;
-  q.mine = p.parts == 0 ? fetch_window(p, rows, q.row, q.step) : RowFetch{};
-  wait_for_split_kernel();
-  if (p.parts > 0) q.mine = fetch_window(p, rows, q.row, q.step);
-  return !nothing_to_merge(p);
-}
-// The states of the quad's current row (q.row < rows), its sequence and row within it; then steps to the next row.
-__device__ __forceinline__ RowStates quad_rows_take(const DecodeKernelParams& p, int64_t rows, QuadRows& q, int& seq,
-                                                    int& grow) {
-  if (q.j == 32) {
-    q.mine = fetch_window(p, rows, q.row, q.step);
-    q.j = 0;
-  }
-  RowFetch f{};
-  if (p.parts > 0) {
-    f.rec.first_part = __shfl_sync(0xffffffffu, q.mine.rec.first_part, q.j);
-    f.rec.parts = __shfl_sync(0xffffffffu, q.mine.rec.parts, q.j);
-    f.rec.slot = __shfl_sync(0xffffffffu, q.mine.rec.slot, q.j);
-  } else {
-    f.len = __shfl_sync(0xffffffffu, q.mine.len, q.j);
-  }
-  seq = q.seq;
-  grow = q.grow;
-  ++q.j;
-  q.row += q.step;
-  q.seq += q.step_seqs;
-  q.grow += q.step_rows;
-  if (q.grow >= p.rows_per_seq) {
-    q.grow -= p.rows_per_seq;
-    ++q.seq;
-  }
-  return row_states_from(p, seq, grow, f);
-}
-
-// The weighted sum of a row of at most kCombineFewStates states whose lane LSE `l` (lane s: state s's) is loaded and
-// whose float4s state_at(s) are at hand, then its stores. warp_combiner observes state s in lane s; lane s finds its
-// weight and the warp takes it.
-template <class StateAt>
-__device__ __forceinline__ void finish_few_row(const DecodeKernelParams& p, int count, float l, const StateAt& state_at,
-                                               int seq, int grow, int col4, bool lse_lane) {
-  const int lane = threadIdx.x & 31;
-  const lse::Combiner c = warp_combiner(count, [&](int) { return l; });
-  const float own = lane < count ? c.weight(l) : 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int s = 0; s < kCombineFewStates; ++s) {
-    const float wt = __shfl_sync(0xffffffffu, own, s);
-    if (s < count) add_weighted(acc, wt, state_at(s));
-  }
-  store4(p.out, p.out_fp32, row_out(p, seq, grow) + 4 * col4, acc);
-  if (lse_lane) store_row_lse(p, seq, grow, c);
-}
-// A row of more than kCombineFewStates states, by the quad at once (registers, 4 loads in flight).
-__device__ __forceinline__ void finish_many_row(const DecodeKernelParams& p, const RowStates& state, int seq, int grow,
-                                                const float4* lane_base, int col4, bool lse_lane) {
-  const lse::Combiner c = row_combiner(p, state);
-  store4(p.out, p.out_fp32, row_out(p, seq, grow) + 4 * col4, quad_sum_chains(p, state, c, lane_base));
-  if (lse_lane) store_row_lse(p, seq, grow, c);
-}
-
-// kQuads: a row's states in registers, one row at a time.
-__device__ void combine_quads(const DecodeKernelParams& p, int64_t rows) {
-  const int lane = threadIdx.x & 31, qw = (threadIdx.x >> 5) % kQuadWarps;
-  const int col4 = 32 * qw + lane;  // this lane's float4 of a row: warp qw owns columns [128 qw, 128 qw + 128)
-  const float4* const lane_base = reinterpret_cast<const float4*>(p.ws_o) + col4;
-  const bool lse_lane = qw == 0 && lane == 0;
-  QuadRows q;
-  if (!quad_rows_start(p, rows, q)) return;  // uniform over the grid
-  while (q.row < rows) {
-    int seq, grow;
-    const RowStates state = quad_rows_take(p, rows, q, seq, grow);
-    if (state.count <= 1) continue;  // written by the split kernel
-    if (state.count > kCombineFewStates) {
-      finish_many_row(p, state, seq, grow, lane_base, col4, lse_lane);
-      continue;
-    }
-    float4 v[kCombineFewStates];
-#pragma unroll
-    for (int s = 0; s < kCombineFewStates; ++s)
-      v[s] = s < state.count ? load_state4(lane_base, state(s)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    const float l = lane < state.count ? p.ws_lse[uint32_t(state(lane))] : -INFINITY;
-    finish_few_row(
-        p, state.count, l, [&](int s) { return v[s]; }, seq, grow, col4, lse_lane);
-  }
-}
-
-// kQuadsCopied: each lane copies its float4 of a row's states into its own slots of shared memory (cp.async, 16 bytes;
-// a lane reads back only what it copied, so no barrier), two rows per quad in flight: a row's copies go out before the
-// previous row is added.
-__device__ __forceinline__ void copy_state4(float4* slot, const float4* lane_base, int64_t index) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(uint32_t(__cvta_generic_to_shared(slot))),
-               "l"(lane_base + uint32_t(index) * uint32_t(kLatentDim / 4))
-               : "memory");
-#endif
-}
-template <int kPending>
-__device__ __forceinline__ void copies_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
-__device__ void combine_quads_async(const DecodeKernelParams& p, int64_t rows, float4* land) {
-  const int lane = threadIdx.x & 31, qw = (threadIdx.x >> 5) % kQuadWarps;
-  const int col4 = 32 * qw + lane;
-  const float4* const lane_base = reinterpret_cast<const float4*>(p.ws_o) + col4;
-  const bool lse_lane = qw == 0 && lane == 0;
-  // This thread's slot of state s in buffer b.
-  auto slot = [&](int b, int s) { return land + (b * kCombineFewStates + s) * (kCombineWarps * 32) + threadIdx.x; };
-  QuadRows q;
-  if (!quad_rows_start(p, rows, q)) return;  // uniform over the grid
-  // The row in flight: its buffer, state count, lane LSE, sequence and row.
-  bool pending = false;
-  int buf = 0, pend_count = 0, pend_seq = 0, pend_grow = 0;
-  float pend_l = -INFINITY;
-  while (q.row < rows) {
-    int seq, grow;
-    const RowStates state = quad_rows_take(p, rows, q, seq, grow);
-    if (state.count <= 1) continue;  // written by the split kernel
-    if (state.count > kCombineFewStates) {
-      finish_many_row(p, state, seq, grow, lane_base, col4, lse_lane);
-      continue;
-    }
-    const int nb = pending ? buf ^ 1 : buf;
-#pragma unroll
-    for (int s = 0; s < kCombineFewStates; ++s)
-      if (s < state.count) copy_state4(slot(nb, s), lane_base, state(s));
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    const float l = lane < state.count ? p.ws_lse[uint32_t(state(lane))] : -INFINITY;
-    if (pending) {
-      copies_wait<1>();  // the previous row's copies (all but the newest group) have landed
-      finish_few_row(
-          p, pend_count, pend_l, [&](int s) { return *slot(buf, s); }, pend_seq, pend_grow, col4, lse_lane);
-    }
-    pending = true;
-    buf = nb;
-    pend_count = state.count;
-    pend_l = l;
-    pend_seq = seq;
-    pend_grow = grow;
-  }
-  if (pending) {
-    copies_wait<0>();
-    finish_few_row(
-        p, pend_count, pend_l, [&](int s) { return *slot(buf, s); }, pend_seq, pend_grow, col4, lse_lane);
-  }
-}
-
-// The quads' kernels, for rows of few states (kCopied: kQuadsCopied, with kQuadSmemBytes of dynamic shared memory).
-template <bool kCopied>
-__global__ void __launch_bounds__(kCombineWarps * 32, kQuadCtasPerSm)
-    mla_decode_combine_quads_kernel(const DecodeKernelParams p) {
-  const int64_t rows = int64_t(p.num_seqs) * p.rows_per_seq;
-  if constexpr (kCopied) {
-    extern __shared__ float4 land[];
-    combine_quads_async(p, rows, land);
-  } else {
-    combine_quads(p, rows);
-  }
-#if MLADCP_SM90_TIMELINE
-  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned long long*>(&g_combine_times[1]), globaltimer());
-#endif
-}
-
 // kFew: units of 8 rows (rows of few states), else of one row (see above).
 template <bool kFew>
 __global__ void __launch_bounds__(kCombineWarps * 32, (kFew && kCombineFewBatch <= 2) ? 1 : 2)
@@ -512,8 +256,6 @@ Status prepare_decode_kernels(size_t max_smem_optin) {
   MLADCP_CUDA_RETURN_IF_ERROR((set_split_kernel_smem<1, true>(limit(1, true))));
   MLADCP_CUDA_RETURN_IF_ERROR((set_split_kernel_smem<2, true>(limit(2, true))));
   MLADCP_CUDA_RETURN_IF_ERROR((set_split_kernel_smem<4, true>(limit(4, true))));
-  MLADCP_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(mla_decode_combine_quads_kernel<true>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(kQuadSmemBytes)));
   return Status::Ok();
 }
 
@@ -561,13 +303,10 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
     // sequence per kCombineFewStates parts (sequences of similar lengths then span at most about that many).
     const bool few =
         p.parts > 0 ? int64_t(p.num_seqs) * kCombineFewStates >= p.parts : p.max_splits <= kCombineFewStates;
-    const bool quads = few && p.combine_rows != cuda_plan::CombineRows::kWarps;
-    const bool copied = p.combine_rows == cuda_plan::CombineRows::kQuadsCopied;
-    const int group_rows = quads ? kQuadsPerCta : (few ? kCombineWarps : 1);
+    const int group_rows = few ? kCombineWarps : 1;
     const int64_t rows = int64_t(p.num_seqs) * p.rows_per_seq;
     int64_t blocks = (rows + group_rows - 1) / group_rows;
-    if (p.sm_count > 0)
-      blocks = std::min<int64_t>(blocks, int64_t(p.sm_count) * (quads ? kQuadCtasPerSm : kCombineCtasPerSm));
+    if (p.sm_count > 0) blocks = std::min<int64_t>(blocks, int64_t(p.sm_count) * kCombineCtasPerSm);
     // After a Hopper kernel the combine is a programmatic dependent launch: its CTAs start while the
     // split kernel's last CTAs write their states, and wait for the whole grid before reading.
     cudaLaunchConfig_t cfg = {};
@@ -579,14 +318,9 @@ Status launch_decode(const DecodeKernelParams& p, bool fp8, int64_t grid, void* 
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = p.sm90 || p.sm90_fp8 ? 1 : 0;
-    if (quads && copied) cfg.dynamicSmemBytes = kQuadSmemBytes;
-    if (quads)
-      e = copied ? cudaLaunchKernelEx(&cfg, mla_decode_combine_quads_kernel<true>, p)
-                 : cudaLaunchKernelEx(&cfg, mla_decode_combine_quads_kernel<false>, p);
-    else
-      e = few ? cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel<true>, p)
-              : cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel<false>, p);
-    MLADCP_RETURN_IF_ERROR(cuda_status(e, "mla_decode_combine_kernel launch"));
+    MLADCP_RETURN_IF_ERROR(cuda_status(few ? cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel<true>, p)
+                                           : cudaLaunchKernelEx(&cfg, mla_decode_combine_kernel<false>, p),
+                                       "mla_decode_combine_kernel launch"));
   }
   return Status::Ok();
 }

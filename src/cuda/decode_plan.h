@@ -258,12 +258,6 @@ MLADCP_HD BalancedCursor uniform_cursor(int part, int parts, int num_seqs, int p
 // of 64 splits per sequence 2.6%).
 enum class Schedule { kSplits, kAuto, kBalanced, kAutoManyWaves };
 
-// How the combine kernel merges rows of few partial states (decode_launch.cu; the rows of many states always by a
-// CTA's 8 warps together): kWarps one warp per row, two states in flight; kQuads 4 warps per row, all its states in
-// flight in registers; kQuadsCopied 4 warps per row, its states copied into shared memory, two rows in flight per quad.
-// The same bits whichever.
-enum class CombineRows { kWarps, kQuads, kQuadsCopied };
-
 // Whether kFillDevice takes the balanced schedule, for a batch of `num_seqs` sequences in `row_chunks` chunks
 // whose split plan has `split_grid` CTAs and `max_splits` splits per sequence, on a device running `wave_ctas`
 // CTAs at once (make_plan, and the planner's model of it: plan/perf_model.cpp).
