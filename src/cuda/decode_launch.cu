@@ -48,12 +48,9 @@ namespace {
 // state per warp adds the same terms in the same order), and a row of more states always takes the second: the
 // result depends only on the row's own states, whatever the batch or the mode.
 constexpr int kCombineWarps = 8, kCombineCtasPerSm = 8, kCombineFewStates = 8;
-// States a warp loads at once in the mode for rows of few states (see StateBatch). Above 2, the kernel is held to 128
-// registers (two CTAs per SM, as at 2).
-#ifndef MLADCP_COMBINE_FEW_BATCH
-#define MLADCP_COMBINE_FEW_BATCH 2
-#endif
-constexpr int kCombineFewBatch = MLADCP_COMBINE_FEW_BATCH;
+// States a warp loads at once in the mode for rows of few states (see StateBatch). 3 (held to 128 registers, two CTAs
+// per SM as at 2) measured no faster: docs/perf/gpu-sm90-key-policy-combine-batch-2026-12-08.md.
+constexpr int kCombineFewBatch = 2;
 
 // Partial state `s` of a row: its workspace index (balanced schedule: the s-th part's slot).
 struct RowStates {
@@ -215,7 +212,7 @@ __device__ void combine_groups(const DecodeKernelParams& p, int64_t rows, float4
 
 // kFew: units of 8 rows (rows of few states), else of one row (see above).
 template <bool kFew>
-__global__ void __launch_bounds__(kCombineWarps * 32, (kFew && kCombineFewBatch <= 2) ? 1 : 2)
+__global__ void __launch_bounds__(kCombineWarps * 32, kFew ? 1 : 2)
     mla_decode_combine_kernel(const DecodeKernelParams p) {
   __shared__ float4 part[kCombineWarps][kLatentDim / 4];
   __shared__ int many[kCombineWarps];
