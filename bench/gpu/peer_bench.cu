@@ -432,7 +432,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "--policies: '%s' is not default, invariant, fill, nolse, splits, balanced, hopper-all, "
-                   "loaded-queries, fused, fp8, fp8-fused, fp8-portable or fp8-all\n",
+                   "loaded-queries, balanced-loaded, fused, fp8, fp8-fused, fp8-portable or fp8-all\n",
                    name.c_str());
       return 2;
     }
