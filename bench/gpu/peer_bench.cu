@@ -27,6 +27,11 @@
 // piece's start, first scores, copies and queries; the loop's end, row sums and output written by each warpgroup).
 // --chunk0-only (timeline builds): an experiment; the Hopper kernel's CTAs of row chunks past the first exit at once
 // (half the key traffic out of L2 at 128 heads, the same from memory; those rows' results are garbage).
+// --chunk-major (timeline builds): an experiment; a balanced plan's CTAs take their part and row chunk chunk-major
+// (part + parts · row chunk), so that the row chunks of a part, which read the same keys, do not run on the two SMs
+// of one TPC (the CTA scheduler places consecutive CTAs on neighbouring SMs); results stay exact.
+// --skip-empty-writes (timeline builds): an experiment; a segment without keys writes no rows (timing only: the rows
+// of empty sequences are left as they were).
 // --hot-pages N: every block-table entry names one of N pages (the keys stay in L2; an experiment that
 // separates the kernel's own schedule from its key loads, not a peer configuration).
 // Output per configuration and policy:
@@ -321,7 +326,7 @@ void run(mladcp::Backend& default_backend, const PeerConfig& c, const std::vecto
 int main(int argc, char** argv) {
   std::string configs, policies_arg = "default";
   int reps = 30, warmup = 5, only = -1, hot_pages = 0;
-  bool timeline = false, chunk0_only = false;
+  bool timeline = false, chunk0_only = false, chunk_major = false, skip_empty = false;
   long long spin_cycles = 2000000;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -344,25 +349,33 @@ int main(int argc, char** argv) {
       timeline = true;
     else if (a == "--chunk0-only")
       chunk0_only = true;
+    else if (a == "--chunk-major")
+      chunk_major = true;
+    else if (a == "--skip-empty-writes")
+      skip_empty = true;
     else {
       std::fprintf(stderr,
                    "usage: %s --configs FILE [--reps N] [--warmup N] [--spin CYCLES] [--only INDEX] "
                    "[--policies "
                    "default,invariant,fill,nolse,splits,balanced,hopper-all,loaded-queries,balanced-loaded,fused,fp8,"
                    "fp8-fused,fp8-portable,fp8-all] "
-                   "[--hot-pages N] [--timeline] [--chunk0-only]\n",
+                   "[--hot-pages N] [--timeline] [--chunk0-only] [--chunk-major] [--skip-empty-writes]\n",
                    argv[0]);
       return 2;
     }
   }
 #if !MLADCP_SM90_TIMELINE
-  if (timeline || chunk0_only) {
-    std::fprintf(stderr,
-                 "--timeline, --chunk0-only: this build has no timeline (configure with -DMLADCP_SM90_TIMELINE=ON)\n");
+  if (timeline || chunk0_only || chunk_major || skip_empty) {
+    std::fprintf(
+        stderr,
+        "--timeline, --chunk0-only, --chunk-major, --skip-empty-writes: this build has no timeline (configure with "
+        "-DMLADCP_SM90_TIMELINE=ON)\n");
     return 2;
   }
 #else
   if (chunk0_only) CHECK_CUDA(mladcp::cuda_impl::sm90_chunk0_only(true));
+  if (chunk_major) CHECK_CUDA(mladcp::cuda_impl::sm90_chunk_major(true));
+  if (skip_empty) CHECK_CUDA(mladcp::cuda_impl::sm90_skip_empty_writes(true));
 #endif
   if (configs.empty() || reps < 1 || warmup < 0) {
     std::fprintf(stderr, "--configs FILE is required; --reps >= 1, --warmup >= 0\n");

@@ -50,6 +50,10 @@ cudaError_t sm90_trace_reset();
 cudaError_t sm90_trace_read(uint32_t* events);
 // Experiment: CTAs of row chunks past the first exit at once (their rows are not computed).
 cudaError_t sm90_chunk0_only(bool on);
+// Experiment: a balanced plan's CTAs mapped chunk-major, so that a part's row chunks do not share a TPC.
+cudaError_t sm90_chunk_major(bool on);
+// Experiment (timing only): a segment without keys writes no rows.
+cudaError_t sm90_skip_empty_writes(bool on);
 #endif
 
 // fp8 kernel: dynamic shared memory for 16 or 32 rows per CTA (bytes; about 206 and 226 KiB).

@@ -106,7 +106,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   Segments segs;
   if (!sm90_segments::cta_segments<kRows, kSchedule, kCluster>(p, segs)) return;
 #if MLADCP_SM90_TIMELINE
-  if (segs.rc != 0 && sm90_timeline::g_chunk0_only) return;  // experiment: only the first row chunk runs
+  // Experiments: a balanced plan's CTAs mapped chunk-major (part + parts · row chunk: a part's row chunks then run on
+  // SMs far apart, not on the two SMs of one TPC); only the first row chunk runs.
+  if (kCluster == 1 && segs.balanced && sm90_timeline::g_chunk_major) {
+    segs.rc = int(blockIdx.x / p.parts);
+    segs.part = int(blockIdx.x % p.parts);
+  }
+  if (segs.rc != 0 && sm90_timeline::g_chunk0_only) return;
 #endif
 
   const uint32_t full = smem_addr(smem + Smem::full), empty = smem_addr(smem + Smem::empty);
@@ -541,6 +547,14 @@ cudaError_t sm90_timeline_read(uint64_t* points) {
 cudaError_t sm90_chunk0_only(bool on) {
   const int v = on ? 1 : 0;
   return cudaMemcpyToSymbol(sm90_timeline::g_chunk0_only, &v, sizeof(v));
+}
+cudaError_t sm90_chunk_major(bool on) {
+  const int v = on ? 1 : 0;
+  return cudaMemcpyToSymbol(sm90_timeline::g_chunk_major, &v, sizeof(v));
+}
+cudaError_t sm90_skip_empty_writes(bool on) {
+  const int v = on ? 1 : 0;
+  return cudaMemcpyToSymbol(sm90_timeline::g_skip_empty_writes, &v, sizeof(v));
 }
 cudaError_t sm90_trace_reset() { return zero_symbol(sm90_timeline::g_trace); }
 cudaError_t sm90_trace_read(uint32_t* events) {

@@ -119,7 +119,9 @@ __device__ __forceinline__ void add(Point p, uint64_t v) {
   if (blockIdx.x < kCtas) g_points[blockIdx.x][p] += v;
 }
 __device__ uint32_t g_trace[kTraceCtas][kTraceWindow][kPairEvents];
-__device__ int g_chunk0_only;  // experiment: CTAs of row chunks past the first exit at once
+__device__ int g_chunk0_only;        // experiment: CTAs of row chunks past the first exit at once
+__device__ int g_skip_empty_writes;  // experiment: a segment without keys writes no rows (timing only)
+__device__ int g_chunk_major;  // experiment: a balanced plan's CTAs in chunk-major order (part + parts · row chunk)
 // The window lies at byte `offset` of the dynamic shared memory.
 __device__ __forceinline__ void trace(int offset, int64_t pair, int event) {
   extern __shared__ __align__(1024) uint8_t dynamic_smem[];
