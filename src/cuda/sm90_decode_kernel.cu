@@ -539,23 +539,19 @@ cudaError_t zero_symbol(const T& symbol) {
   const cudaError_t e = cudaGetSymbolAddress(&a, symbol);
   return e != cudaSuccess ? e : cudaMemset(a, 0, sizeof(T));
 }
+// An experiment's switch (a device int of this translation unit) set to 1 or 0.
+cudaError_t set_switch(const int& symbol, bool on) {
+  const int v = on ? 1 : 0;
+  return cudaMemcpyToSymbol(symbol, &v, sizeof(v));
+}
 }  // namespace
 cudaError_t sm90_timeline_reset() { return zero_symbol(sm90_timeline::g_points); }
 cudaError_t sm90_timeline_read(uint64_t* points) {
   return cudaMemcpyFromSymbol(points, sm90_timeline::g_points, sizeof(sm90_timeline::g_points));
 }
-cudaError_t sm90_chunk0_only(bool on) {
-  const int v = on ? 1 : 0;
-  return cudaMemcpyToSymbol(sm90_timeline::g_chunk0_only, &v, sizeof(v));
-}
-cudaError_t sm90_chunk_major(bool on) {
-  const int v = on ? 1 : 0;
-  return cudaMemcpyToSymbol(sm90_timeline::g_chunk_major, &v, sizeof(v));
-}
-cudaError_t sm90_skip_empty_writes(bool on) {
-  const int v = on ? 1 : 0;
-  return cudaMemcpyToSymbol(sm90_timeline::g_skip_empty_writes, &v, sizeof(v));
-}
+cudaError_t sm90_chunk0_only(bool on) { return set_switch(sm90_timeline::g_chunk0_only, on); }
+cudaError_t sm90_chunk_major(bool on) { return set_switch(sm90_timeline::g_chunk_major, on); }
+cudaError_t sm90_skip_empty_writes(bool on) { return set_switch(sm90_timeline::g_skip_empty_writes, on); }
 cudaError_t sm90_trace_reset() { return zero_symbol(sm90_timeline::g_trace); }
 cudaError_t sm90_trace_read(uint32_t* events) {
   return cudaMemcpyFromSymbol(events, sm90_timeline::g_trace, sizeof(sm90_timeline::g_trace));
